@@ -1,0 +1,1 @@
+"""Evaluation CLIs (SWE-bench Verified, math) and performance / learning benchmarks."""

@@ -1,0 +1,1 @@
+"""Isolated execution for agent commands: Docker containers (default) and bubblewrap, pooled and limited."""

@@ -1,0 +1,64 @@
+"""The Sandbox seam: what envs may ask of an isolated machine, and the typed errors it raises."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Protocol, runtime_checkable
+
+
+class SandboxError(RuntimeError):
+    """The sandbox itself failed (daemon unreachable, container gone, image missing): an infra error,
+    never a property of the agent's command."""
+
+
+class ImageNotFoundError(SandboxError):
+    """An image could be neither found locally, built nor pulled."""
+
+
+class SandboxUnavailableError(SandboxError):
+    """The backend (Docker daemon, bwrap binary) cannot be reached or is not installed."""
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    """Outcome of one command. ``output`` is stdout+stderr interleaved, capped (head + tail kept around a
+    marker) when ``truncated``; ``timed_out`` means the command was killed at its timeout (exit_code then 124)."""
+
+    exit_code: int
+    output: str
+    timed_out: bool = False
+    truncated: bool = False
+    duration_s: float = 0.0
+
+
+@runtime_checkable
+class Sandbox(Protocol):
+    """An isolated machine for one episode. Use as ``async with``; ``close`` destroys it."""
+
+    async def exec(
+        self,
+        cmd: str,
+        timeout: float = 60.0,
+        workdir: str | None = None,
+        env: dict[str, str] | None = None,
+    ) -> ExecResult: ...
+
+    async def read_file(self, path: str) -> str: ...
+
+    async def write_file(self, path: str, content: str) -> None: ...
+
+    async def copy_in(self, src: str, dest: str) -> None: ...
+
+    async def copy_out(self, src: str, dest: str) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def __aenter__(self) -> Sandbox: ...
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None: ...

@@ -1,0 +1,1 @@
+"""Shared bottom layer: cache locations and small helpers every SAO package may import."""

@@ -1,0 +1,1 @@
+"""The SAO trainer: batches, algorithms, DeepSpeed actor/critic, the async rollout pipeline."""
