@@ -1,0 +1,117 @@
+"""``TokenGameEnv`` (``sao/TokenGame-v0``): a cheap multi-turn toy game for learning tests (no sandbox).
+
+Rules. An episode has ``turns`` turns (default 3). Each turn the env shows one symbol drawn from ``symbols``
+(default ``A B C``); the rewarded action is determined by that turn's observation:
+- ``rule="copy"`` (default): answer with the symbol shown;
+- ``rule="next"``: answer with the symbol after it in ``symbols`` (cyclic), which needs a learned mapping.
+An answer is read as the first whitespace-separated word of the message, stripped of surrounding punctuation and
+quotes, compared case-insensitively. The env gives no feedback on correctness: the next observation is simply the
+next symbol, and the episode always lasts ``turns`` turns.
+
+Rewards. ``reward="all"`` (default): 1.0 on the last step if every turn was right, else 0 — credit must flow back
+across turns and through the observation tokens between them. ``reward="partial"``: each right turn pays
+``1/turns`` on its own step (sum in [0, 1]). ``info["solved"]`` is "all turns right" in both modes;
+``info["turn_correct"]`` says whether this turn was right; the last info carries ``report`` (targets, answers).
+
+Messages are short ASCII so the SmolLM2 chat template renders them in a few tokens. ``info["allowed_actions"]``
+(at reset) lists the valid answers, so a trainer on a random-init model can restrict sampling to their tokens.
+A task (``options={"task": {"sequence": ["B", "A", "C"]}}``) fixes the shown symbols; otherwise they are drawn
+with the seeded generator.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from envs.base import MultiTurnEnv, Turn
+
+_PUNCT = " \t\n.,;:!?\"'`()[]{}<>*"
+
+
+class TokenGameEnv(MultiTurnEnv):
+    """Answer each turn with the symbol the rule derives from the shown one (rules in the module doc)."""
+
+    def __init__(
+        self,
+        turns: int = 3,
+        symbols: str | list[str] = "ABC",
+        rule: str = "copy",
+        reward: str = "all",
+        max_format_errors: int = 1000,
+        max_wall_s: float = 600.0,
+    ) -> None:
+        syms = list(symbols.split() if isinstance(symbols, str) and " " in symbols else symbols)
+        if turns < 1:
+            raise ValueError(f"TokenGame turns must be >= 1, got {turns}")
+        if len(syms) < 2 or len(set(s.lower() for s in syms)) != len(syms) or any(not s.isascii() for s in syms):
+            raise ValueError(f"TokenGame symbols must be >= 2 distinct ASCII words, got {syms!r}")
+        if rule not in ("copy", "next"):
+            raise ValueError(f"TokenGame rule must be 'copy' or 'next', got {rule!r}")
+        if reward not in ("all", "partial"):
+            raise ValueError(f"TokenGame reward must be 'all' or 'partial', got {reward!r}")
+        # The episode ends by itself after `turns` steps; wrong answers are not format errors.
+        super().__init__(max_steps=turns + 1, max_wall_s=max_wall_s, max_format_errors=max_format_errors)
+        self.turns, self.symbols, self.rule, self.reward_mode = int(turns), syms, rule, reward
+        self._seq: list[str] = []
+        self._answers: list[str] = []
+        self._correct: list[bool] = []
+
+    def sample_task(self, rng: np.random.Generator) -> dict[str, Any]:
+        return {"sequence": [self.symbols[int(i)] for i in rng.integers(0, len(self.symbols), size=self.turns)]}
+
+    def target(self, shown: str) -> str:
+        """The rewarded answer for a shown symbol."""
+        if self.rule == "copy":
+            return shown
+        return self.symbols[(self.symbols.index(shown) + 1) % len(self.symbols)]
+
+    def system_prompt(self) -> str:
+        return "You play a short game. Reply with one symbol only."
+
+    async def start_episode(self, task: Any) -> tuple[str, dict[str, Any]]:
+        if not isinstance(task, dict) or "sequence" not in task:
+            raise ValueError("TokenGame task must be a dict with a 'sequence' field (a list of symbols)")
+        seq = [str(s) for s in task["sequence"]]
+        bad = [s for s in seq if s not in self.symbols]
+        if len(seq) != self.turns or bad:
+            raise ValueError(
+                f"TokenGame task 'sequence' must hold {self.turns} symbols from {self.symbols}, got {seq!r}"
+            )
+        self._seq, self._answers, self._correct = seq, [], []
+        how = "the symbol shown" if self.rule == "copy" else "the symbol after the one shown (cyclic)"
+        intro = f"Symbols: {' '.join(self.symbols)}. Each turn, answer with {how}."
+        info = {"task_id": "-".join(seq), "allowed_actions": list(self.symbols)}
+        return f"{intro}\n{self._turn_text(0)}", info
+
+    def _turn_text(self, i: int) -> str:
+        return f"Turn {i + 1}/{self.turns}: {self._seq[i]}"
+
+    @staticmethod
+    def read_answer(action: str) -> str:
+        words = action.strip().split()
+        return words[0].strip(_PUNCT) if words else ""
+
+    async def take_turn(self, action: str) -> Turn:
+        i = len(self._answers)
+        answer = self.read_answer(action)
+        ok = answer.lower() == self.target(self._seq[i]).lower()
+        self._answers.append(answer)
+        self._correct.append(ok)
+        info: dict[str, Any] = {"turn_correct": ok}
+        last = i + 1 == self.turns
+        if self.reward_mode == "partial":
+            reward = (1.0 / self.turns) if ok else 0.0
+        else:
+            reward = 1.0 if last and all(self._correct) else 0.0
+        if not last:
+            return Turn(observation=self._turn_text(i + 1), reward=reward, info=info)
+        info["solved"] = all(self._correct)
+        info["report"] = {
+            "shown": list(self._seq),
+            "targets": [self.target(s) for s in self._seq],
+            "answers": list(self._answers),
+            "correct": list(self._correct),
+        }
+        return Turn(observation="Game over.", reward=reward, terminated=True, info=info)

@@ -1,0 +1,93 @@
+"""TokenGame-v0: rules, rewards in both modes, seeding, bad tasks, and Gymnasium's checker."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import pytest
+from gymnasium.utils.env_checker import check_env
+
+import envs  # noqa: F401 - registers the ids
+from envs.token_game import TokenGameEnv
+
+
+def play(env: TokenGameEnv, answers: list[str]) -> tuple[list[float], dict]:
+    rewards, info = [], {}
+    for i, a in enumerate(answers):
+        _, r, term, trunc, info = env.step(a)
+        rewards.append(r)
+        assert trunc is False
+        assert term is (i == len(answers) - 1)
+    return rewards, info
+
+
+def test_check_env_passes() -> None:
+    env = gym.make("sao/TokenGame-v0")
+    check_env(env.unwrapped)
+    env.close()
+
+
+def test_all_mode_pays_only_when_every_turn_is_right() -> None:
+    env = TokenGameEnv(turns=3)
+    obs, info = env.reset(options={"task": {"sequence": ["B", "A", "C"]}})
+    assert obs.endswith("Turn 1/3: B") and info["allowed_actions"] == ["A", "B", "C"]
+    rewards, info = play(env, ["B", " a. ", "'C'"])
+    assert rewards == [0.0, 0.0, 1.0] and info["solved"] is True
+    env.reset(options={"task": {"sequence": ["B", "A", "C"]}})
+    rewards, info = play(env, ["B", "B", "C"])
+    assert rewards == [0.0, 0.0, 0.0] and info["solved"] is False
+    assert info["report"]["correct"] == [True, False, True]
+
+
+def test_partial_mode_and_next_rule() -> None:
+    env = TokenGameEnv(turns=2, symbols="ABC", rule="next", reward="partial")
+    env.reset(options={"task": {"sequence": ["C", "A"]}})
+    rewards, info = play(env, ["A", "A"])  # C -> A right (cyclic), A -> B wrong
+    assert rewards == [0.5, 0.0] and info["solved"] is False
+
+
+def test_observation_shows_the_next_symbol_each_turn() -> None:
+    env = TokenGameEnv(turns=3)
+    env.reset(options={"task": {"sequence": ["A", "C", "B"]}})
+    obs, *_ = env.step("x")
+    assert obs == "Turn 2/3: C"
+    obs, *_ = env.step("x")
+    assert obs == "Turn 3/3: B"
+
+
+def test_seed_draws_reproducible_sequences() -> None:
+    env = TokenGameEnv(turns=5)
+    a = env.reset(seed=7)[1]["task_id"]
+    assert env.reset(seed=8)[1]["task_id"] != a or env.reset(seed=9)[1]["task_id"] != a
+    assert env.reset(seed=7)[1]["task_id"] == a
+    seen = {env.reset(seed=s)[1]["task_id"] for s in range(20)}
+    assert len(seen) > 10
+
+
+def test_bad_task_and_options_are_clear_errors() -> None:
+    env = TokenGameEnv(turns=2)
+    with pytest.raises(ValueError, match="'sequence'"):
+        env.reset(options={"task": {"seq": ["A", "B"]}})
+    with pytest.raises(ValueError, match="2 symbols"):
+        env.reset(options={"task": {"sequence": ["A", "Z"]}})
+    with pytest.raises(ValueError, match="rule"):
+        TokenGameEnv(rule="mirror")
+
+
+def test_step_before_reset_and_after_end_raise() -> None:
+    env = TokenGameEnv(turns=1)
+    with pytest.raises(RuntimeError, match="reset"):
+        env.step("A")
+    env.reset(seed=0)
+    env.step("A")
+    with pytest.raises(RuntimeError, match="reset"):
+        env.step("A")
+
+
+async def test_async_api_and_sync_inside_loop_error() -> None:
+    env = TokenGameEnv(turns=1)
+    _, _info = await env.areset(options={"task": {"sequence": ["B"]}})
+    _, r, term, _, _ = await env.astep("B")
+    assert r == 1.0 and term
+    with pytest.raises(RuntimeError, match="areset"):
+        env.reset(seed=0)
+    await env.aclose()
