@@ -1,0 +1,215 @@
+"""BwrapSandbox: commands in a bubblewrap jail on the host, for machines without Docker.
+
+Each command runs as ``bwrap ... <shell> -c <cmd>`` with:
+- a fresh root (tmpfs) holding read-only binds of the host's ``/usr``, ``/etc`` and the ``/bin``, ``/lib*``
+  links (plus ``SandboxConfig.bwrap_ro_binds``): the host's home folders, ``/root``, ``/var``, ``/opt``, the
+  checkout and other users' files are not visible at all;
+- one writable directory, a host temp dir made per sandbox and bound at ``/work`` (the working directory;
+  ``HOME=/work``); files there persist across the sandbox's commands and are removed by ``close()``;
+  a private ``/tmp`` (tmpfs) per command, fresh ``/dev`` and ``/proc``. Each command is its own jail: processes
+  it leaves in the background die when it exits (unlike Docker, where they live on in the container);
+- every namespace unshared (``--unshare-all``): no network but loopback (unless ``network="host"``), own PIDs,
+  IPC, UTS; ``--die-with-parent`` (the jail dies with this process) and ``--new-session`` (no terminal
+  injection); bwrap drops every capability, so root inside cannot remount anything writable;
+- a clean environment (``--clearenv``: PATH, HOME, LANG and ``SandboxConfig.env`` only);
+- a memory cap as ``ulimit -v`` (address space, ``mem_limit``) and a timeout that kills the whole jail.
+
+What it does NOT isolate: the kernel (shared, as with Docker); CPU time (no CPU limit without cgroups); the
+number of processes (no pids limit: a fork bomb is only stopped by the timeout, and can slow the host until
+then); disk usage of ``/work`` and ``/tmp`` (no quota); everything readable under ``/usr`` and ``/etc`` (as root,
+that includes ``/etc/shadow``). ``ulimit -v`` limits address space, not resident memory, so some runtimes (Go,
+JVMs) fail early under it. Use Docker when these matter.
+
+Requires the ``bubblewrap`` Debian package (``apt-get install bubblewrap``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import posixpath
+import shutil
+import signal
+import tempfile
+import time
+from pathlib import Path
+from types import TracebackType
+
+from sandboxes.config import SandboxConfig
+from sandboxes.output import OutputCapper
+from sandboxes.protocols import ExecResult, SandboxError, SandboxUnavailableError
+
+WORK_MOUNT = "/work"
+_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def bwrap_path() -> str:
+    """The bwrap binary, or ``SandboxUnavailableError`` saying how to install it."""
+    path = shutil.which("bwrap")
+    if path is None:
+        raise SandboxUnavailableError(
+            "bubblewrap is not installed: run `apt-get install bubblewrap` (or use sandbox.backend=docker)"
+        )
+    return path
+
+
+def _root_args(extra_ro: tuple[str, ...]) -> list[str]:
+    args = ["--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc"]
+    for top in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
+        p = Path("/") / top
+        if p.is_symlink():  # merged-/usr systems: /bin -> usr/bin
+            args += ["--symlink", os.readlink(p), str(p)]
+        elif p.is_dir():
+            args += ["--ro-bind", str(p), str(p)]
+    for extra in extra_ro:
+        args += ["--ro-bind", extra, extra]
+    return args
+
+
+class BwrapSandbox:
+    """A bubblewrap jail with a persistent writable ``/work``; see the module docstring for what it isolates."""
+
+    def __init__(self, cfg: SandboxConfig) -> None:
+        self.cfg = cfg
+        self.bwrap = bwrap_path()
+        self.host_workdir = Path(tempfile.mkdtemp(prefix="sao-bwrap-"))
+        self._closed = False
+
+    @classmethod
+    async def create(cls, cfg: SandboxConfig) -> BwrapSandbox:
+        return cls(cfg)
+
+    def argv(self, cmd: str, workdir: str | None, env: dict[str, str] | None) -> list[str]:
+        """The full bwrap command line for ``cmd`` (public for inspection and tests)."""
+        args = [self.bwrap, *_root_args(self.cfg.bwrap_ro_binds)]
+        args += ["--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
+        args += ["--bind", str(self.host_workdir), WORK_MOUNT, "--chdir", workdir or self.cfg.workdir or WORK_MOUNT]
+        args += ["--unshare-all", "--die-with-parent", "--new-session"]
+        if self.cfg.network == "host":
+            args += ["--share-net"]
+        args += ["--clearenv", "--setenv", "PATH", _PATH, "--setenv", "HOME", WORK_MOUNT, "--setenv", "LANG", "C.UTF-8"]
+        for k, v in {**self.cfg.env, **(env or {})}.items():
+            args += ["--setenv", k, v]
+        kib = self.cfg.mem_bytes // 1024
+        # `ulimit -v` before exec: the limit binds the command and all its children; they cannot raise it.
+        args += ["/bin/sh", "-c", 'ulimit -v "$1" && shift && exec "$@"', "sh", str(kib), *self.cfg.shell, cmd]
+        return args
+
+    async def exec(
+        self, cmd: str, timeout: float = 60.0, workdir: str | None = None, env: dict[str, str] | None = None
+    ) -> ExecResult:
+        if timeout <= 0:
+            raise ValueError(f"timeout must be positive seconds, got {timeout!r}")
+        if self._closed:
+            raise SandboxError("exec on a closed sandbox")
+        t0 = time.monotonic()
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *self.argv(cmd, workdir, env),
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT,
+                start_new_session=True,
+            )
+        except OSError as e:
+            raise SandboxUnavailableError(f"bwrap could not be started ({e}); reinstall bubblewrap") from e
+        assert proc.stdout is not None
+        capper = OutputCapper(self.cfg.output_cap_bytes)
+        timed_out = False
+
+        async def pump() -> None:
+            assert proc.stdout is not None
+            while chunk := await proc.stdout.read(256 * 1024):
+                capper.feed(chunk)
+
+        try:
+            await asyncio.wait_for(pump(), timeout)
+        except TimeoutError:
+            timed_out = True
+        finally:
+            if timed_out or proc.returncode is None:
+                # Killing bwrap kills the jail's PID 1, which takes every process of the jail with it.
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+        try:
+            code = await asyncio.wait_for(proc.wait(), self.cfg.kill_grace_s if timed_out else timeout + 1)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            code = await proc.wait()
+            timed_out = True
+        out = capper.text()
+        if not timed_out and code != 0 and out.startswith("bwrap: "):
+            # bwrap itself failed (not the command): e.g. no user namespaces on this kernel.
+            raise SandboxUnavailableError(f"bwrap cannot run here: {out.strip()[:500]}")
+        return ExecResult(
+            exit_code=124 if timed_out else (128 - code if code < 0 else code),
+            output=out,
+            timed_out=timed_out,
+            truncated=capper.truncated,
+            duration_s=time.monotonic() - t0,
+        )
+
+    def _host_path(self, path: str) -> Path:
+        """The host path behind ``path`` (absolute under /work, or relative to it); SandboxError elsewhere."""
+        norm = posixpath.normpath(path if path.startswith("/") else f"{WORK_MOUNT}/{path}")
+        if norm != WORK_MOUNT and not norm.startswith(WORK_MOUNT + "/"):
+            raise SandboxError(f"{path} is outside {WORK_MOUNT}, the only writable place of a bwrap sandbox")
+        host = self.host_workdir / norm[len(WORK_MOUNT) :].lstrip("/")
+        # A symlink made inside the jail must not lead a host-side write out of the workdir.
+        if not host.resolve().is_relative_to(self.host_workdir.resolve()):
+            raise SandboxError(f"{path} resolves outside {WORK_MOUNT}")
+        return host
+
+    async def read_file(self, path: str) -> str:
+        """A file under ``/work`` is read directly; anything else is read through the jail (``cat``)."""
+        if path.startswith(WORK_MOUNT + "/") or not path.startswith("/"):
+            host = self._host_path(path)
+            if not host.exists():
+                raise FileNotFoundError(f"{path} does not exist in the sandbox")
+            if host.stat().st_size > self.cfg.read_limit_bytes:
+                raise SandboxError(f"{path} is over sandbox.read_limit_bytes")
+            return host.read_text(errors="replace")
+        res = await self.exec(f"cat -- '{path}'", timeout=30)
+        if res.exit_code != 0:
+            raise FileNotFoundError(f"{path} cannot be read in the sandbox: {res.output.strip()}")
+        return res.output
+
+    async def write_file(self, path: str, content: str) -> None:
+        """Write under ``/work`` (relative paths too); elsewhere the jail is read-only: SandboxError."""
+        host = self._host_path(path)
+        host.parent.mkdir(parents=True, exist_ok=True)
+        host.write_text(content, encoding="utf-8")
+
+    async def copy_in(self, src: str, dest: str) -> None:
+        host = self._host_path(dest)
+        host.parent.mkdir(parents=True, exist_ok=True)
+        if Path(src).is_dir():
+            await asyncio.to_thread(shutil.copytree, src, host, symlinks=True, dirs_exist_ok=True)
+        elif Path(src).is_file():
+            await asyncio.to_thread(shutil.copy2, src, host)
+        else:
+            raise FileNotFoundError(f"copy_in: host path {src} does not exist")
+
+    async def copy_out(self, src: str, dest: str) -> None:
+        host = self._host_path(src)
+        if host.is_dir():
+            await asyncio.to_thread(shutil.copytree, host, dest, symlinks=True)
+        elif host.is_file():
+            await asyncio.to_thread(shutil.copy2, host, dest)
+        else:
+            raise FileNotFoundError(f"{src} does not exist in the sandbox")
+
+    async def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            await asyncio.to_thread(shutil.rmtree, self.host_workdir, True)
+
+    async def __aenter__(self) -> BwrapSandbox:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()

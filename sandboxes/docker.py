@@ -1,0 +1,477 @@
+"""DockerSandbox: one locked-down container per episode, driven through the Docker Engine API.
+
+What it isolates (per container): the filesystem (the image's own root, nothing of the host mounted), the network
+(``network_mode="none"`` by default: loopback only), processes (own PID namespace, ``pids_limit``), memory
+(cgroup limit, swap included), CPU (``nano_cpus``), privileges (every capability dropped, ``no-new-privileges``).
+What it does NOT isolate: the kernel (a kernel exploit escapes, as with any container), disk usage inside the
+container's writable layer (no quota), and the base image runs commands as root (uid 0 without capabilities):
+that root cannot mount, chown, trace or load modules, but it can rewrite anything the image's root owns.
+Set ``SandboxConfig.user`` for images that have an unprivileged user.
+
+Commands run as ``timeout -s KILL <t> <shell> -c <cmd>``: at the timeout the command's process group is killed
+and the container lives on (``ExecResult(exit_code=124, timed_out=True)``). Something that escaped the process
+group and still holds the output open is killed too, ``kill_grace_s`` later (``kill -9 -1`` inside). Output is
+read from the exec socket as it comes and capped (head + tail) so a command printing gigabytes costs the host
+``output_cap_bytes``. Containers carry the labels ``sao.owner=sao``, ``sao.owner_pid`` and ``sao.owner_host``;
+``reap_orphans()`` removes those whose owner process is gone.
+
+Blocking SDK calls run on a dedicated thread pool (not the event loop's small default one), so 32 concurrent
+episodes do not queue behind each other. ``DOCKER_HOST`` (or ``SandboxConfig.docker_host``) picks the daemon.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import os
+import select
+import socket
+import tarfile
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from types import TracebackType
+from typing import Any, TypeVar
+
+import docker
+import docker.errors
+import requests
+
+from sandboxes.config import SandboxConfig
+from sandboxes.output import OutputCapper
+from sandboxes.protocols import ExecResult, ImageNotFoundError, SandboxError, SandboxUnavailableError
+
+T = TypeVar("T")
+OWNER_LABEL = "sao.owner"
+OWNER_PID_LABEL = "sao.owner_pid"
+OWNER_HOST_LABEL = "sao.owner_host"
+TIMEOUT_EXIT = 124
+_KILL_EXIT = 137  # 128 + SIGKILL: what `timeout -s KILL` (and the OOM killer) leave behind
+
+_EXECUTOR = ThreadPoolExecutor(max_workers=128, thread_name_prefix="sao-docker")
+_CLIENTS: dict[tuple[int, str], Any] = {}
+_CLIENTS_LOCK = threading.Lock()
+
+
+async def run_blocking(fn: Callable[..., T], *args: Any) -> T:
+    """Run a blocking Docker call on the sandbox thread pool."""
+    return await asyncio.get_running_loop().run_in_executor(_EXECUTOR, fn, *args)
+
+
+def _unavailable(host: str | None, e: BaseException) -> SandboxUnavailableError:
+    where = host or os.environ.get("DOCKER_HOST") or "the local socket (/var/run/docker.sock)"
+    return SandboxUnavailableError(
+        f"the Docker daemon at {where} cannot be reached ({type(e).__name__}: {e}); start dockerd "
+        "(`python -m saocore.setup docker`) or point DOCKER_HOST at a running daemon, or use sandbox.backend=bwrap"
+    )
+
+
+def get_client(docker_host: str | None = None) -> Any:
+    """A cached Docker SDK client for ``docker_host`` (``None``: ``DOCKER_HOST``/local socket); blocking.
+
+    Raises ``SandboxUnavailableError`` when the daemon does not answer."""
+    host = docker_host or os.environ.get("DOCKER_HOST") or ""
+    key = (os.getpid(), host)
+    with _CLIENTS_LOCK:
+        client = _CLIENTS.get(key)
+        if client is not None:
+            return client
+        env = dict(os.environ)
+        if docker_host:
+            env["DOCKER_HOST"] = docker_host
+        try:
+            # A pool bigger than the default 10: each running exec holds one connection.
+            client = docker.from_env(environment=env, max_pool_size=256, timeout=120)
+            client.ping()
+        except (docker.errors.DockerException, requests.exceptions.RequestException, OSError) as e:
+            raise _unavailable(docker_host, e) from e
+        _CLIENTS[key] = client
+        return client
+
+
+def _raw_socket(sock: Any) -> socket.socket:
+    # exec_start(socket=True) gives a SocketIO for unix sockets, a socket for tcp, an SSLSocket for https.
+    return getattr(sock, "_sock", sock)  # type: ignore[no-any-return]
+
+
+def pump_frames(sock: socket.socket, capper: OutputCapper, deadline: float, buf: bytearray) -> bool:
+    """Read Docker's multiplexed stream frames (8-byte header: stream, 0, 0, 0, big-endian length) into
+    ``capper`` until EOF (True) or ``deadline`` (False). ``buf`` keeps a partial frame between calls."""
+    poller = select.poll()
+    poller.register(sock, select.POLLIN | select.POLLPRI | select.POLLHUP)
+    need_payload = 0  # bytes still owed to the current frame's payload
+    while True:
+        pending = getattr(sock, "pending", None)
+        if not (pending and pending()):
+            wait_ms = int((deadline - time.monotonic()) * 1000)
+            if wait_ms <= 0 or not poller.poll(wait_ms):
+                return False
+        try:
+            chunk = sock.recv(256 * 1024)
+        except (BlockingIOError, InterruptedError):
+            continue
+        except OSError:
+            return True  # the daemon closed the stream abruptly: the exec is over
+        if not chunk:
+            return True
+        buf += chunk
+        while buf:
+            if need_payload:
+                take = min(need_payload, len(buf))
+                capper.feed(bytes(buf[:take]))
+                del buf[:take]
+                need_payload -= take
+                continue
+            if len(buf) < 8:
+                break
+            need_payload = int.from_bytes(buf[4:8], "big")
+            del buf[:8]
+
+
+def _tar_one(name: str, data: bytes, mode: int = 0o644) -> bytes:
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as tar:
+        info = tarfile.TarInfo(name)
+        info.size = len(data)
+        info.mode = mode
+        info.mtime = int(time.time())
+        tar.addfile(info, io.BytesIO(data))
+    return out.getvalue()
+
+
+class DockerSandbox:
+    """One container for one episode. Make it with ``await DockerSandbox.create(cfg)`` (or a ``WarmPool``);
+    ``close()`` removes the container. See the module docstring for the isolation it gives and does not give."""
+
+    def __init__(self, cfg: SandboxConfig, client: Any, container_id: str, on_close: Callable[[], None] | None = None):
+        self.cfg = cfg
+        self.client = client
+        self.id = container_id
+        self._on_close = on_close
+        self._closed = False
+
+    # ---- lifecycle -------------------------------------------------------------------------------------------
+    @classmethod
+    async def create(cls, cfg: SandboxConfig, labels: dict[str, str] | None = None) -> DockerSandbox:
+        """Start a container from ``cfg.image`` (the offline base image when ``None``)."""
+        return await run_blocking(cls.create_blocking, cfg, labels)
+
+    @classmethod
+    def create_blocking(cls, cfg: SandboxConfig, labels: dict[str, str] | None = None) -> DockerSandbox:
+        client = get_client(cfg.docker_host)
+        image = cfg.image
+        if image is None:
+            from sandboxes.images import ensure_base_image
+
+            image = ensure_base_image()
+        all_labels = {
+            OWNER_LABEL: "sao",
+            OWNER_PID_LABEL: str(os.getpid()),
+            OWNER_HOST_LABEL: socket.gethostname(),
+            "sao.image": image,
+            **(labels or {}),
+        }
+        api = client.api
+        host_config = api.create_host_config(
+            network_mode=cfg.network,
+            mem_limit=cfg.mem_bytes,
+            memswap_limit=cfg.mem_bytes,  # no swap beyond the limit
+            nano_cpus=int(cfg.cpus * 1e9),
+            pids_limit=cfg.pids_limit,
+            cap_drop=["ALL"],
+            cap_add=list(cfg.cap_add) or None,
+            security_opt=["no-new-privileges"],
+            init=cfg.init,
+        )
+        try:
+            created = api.create_container(
+                image,
+                command=["sleep", "infinity"],
+                name=f"sao-{uuid.uuid4().hex[:12]}",
+                labels=all_labels,
+                host_config=host_config,
+                user=cfg.user or "",
+                working_dir=cfg.workdir,
+                environment=cfg.env or None,
+                stop_signal="SIGKILL",
+            )
+        except docker.errors.ImageNotFound as e:
+            raise ImageNotFoundError(
+                f"image {image!r} is not on the Docker host; build it with sandboxes.images.build_task_image "
+                "(or `python -m saocore.setup image` for the base image)"
+            ) from e
+        except docker.errors.APIError as e:
+            raise SandboxError(f"could not create a container from {image!r}: {e.explanation or e}") from e
+        except (requests.exceptions.ConnectionError, OSError) as e:
+            raise _unavailable(cfg.docker_host, e) from e
+        cid = created["Id"]
+        try:
+            api.start(cid)
+        except Exception as e:
+            with contextlib.suppress(Exception):
+                api.remove_container(cid, force=True)
+            if isinstance(e, requests.exceptions.ConnectionError | OSError):
+                raise _unavailable(cfg.docker_host, e) from e
+            raise SandboxError(f"container from {image!r} did not start: {e}") from e
+        return cls(cfg, client, cid)
+
+    async def close(self) -> None:
+        """Remove the container (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            await run_blocking(self._remove_blocking)
+        finally:
+            if self._on_close is not None:
+                self._on_close()
+
+    def _remove_blocking(self) -> None:
+        try:
+            self.client.api.remove_container(self.id, force=True, v=True)
+        except docker.errors.NotFound:
+            pass
+        except docker.errors.APIError as e:
+            if e.status_code != 409:  # 409: removal already in progress
+                raise SandboxError(f"could not remove container {self.id[:12]}: {e}") from e
+        except (requests.exceptions.ConnectionError, OSError) as e:
+            raise _unavailable(self.cfg.docker_host, e) from e
+
+    async def __aenter__(self) -> DockerSandbox:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    # ---- commands ----------------------------------------------------------------------------------------------
+    async def exec(
+        self, cmd: str, timeout: float = 60.0, workdir: str | None = None, env: dict[str, str] | None = None
+    ) -> ExecResult:
+        """Run ``cmd`` with the configured shell; see the module docstring for timeouts and output capping."""
+        if timeout <= 0:
+            raise ValueError(f"timeout must be positive seconds, got {timeout!r}")
+        return await run_blocking(self.exec_blocking, cmd, timeout, workdir, env)
+
+    def _exec_create(self, argv: list[str], workdir: str | None, env: dict[str, str] | None, user: str) -> str:
+        try:
+            ex = self.client.api.exec_create(self.id, argv, workdir=workdir, environment=env, user=user)
+            return str(ex["Id"])
+        except docker.errors.NotFound as e:
+            raise SandboxError(f"container {self.id[:12]} is gone: {e.explanation or e}") from e
+        except docker.errors.APIError as e:
+            raise SandboxError(f"container {self.id[:12]} refused the command: {e.explanation or e}") from e
+        except (requests.exceptions.ConnectionError, OSError) as e:
+            raise _unavailable(self.cfg.docker_host, e) from e
+
+    def exec_blocking(
+        self, cmd: str, timeout: float, workdir: str | None = None, env: dict[str, str] | None = None
+    ) -> ExecResult:
+        if self._closed:
+            raise SandboxError("exec on a closed sandbox")
+        t0 = time.monotonic()
+        argv = ["timeout", "-s", "KILL", f"{timeout:.3f}", *self.cfg.shell, cmd]
+        exec_id = self._exec_create(argv, workdir or self.cfg.workdir, env, self.cfg.user or "")
+        try:
+            sock = self.client.api.exec_start(exec_id, socket=True)
+        except docker.errors.APIError as e:
+            raise SandboxError(f"container {self.id[:12]} could not start the command: {e.explanation or e}") from e
+        except (requests.exceptions.ConnectionError, OSError) as e:
+            raise _unavailable(self.cfg.docker_host, e) from e
+        capper = OutputCapper(self.cfg.output_cap_bytes)
+        raw = _raw_socket(sock)
+        buf = bytearray()
+        forced = False
+        try:
+            done = pump_frames(raw, capper, t0 + timeout + self.cfg.kill_grace_s, buf)
+            if not done:
+                # Something outlived `timeout` (it left the process group) and holds the output open.
+                forced = True
+                self._kill_all_blocking()
+                done = pump_frames(raw, capper, time.monotonic() + self.cfg.kill_grace_s, buf)
+            if not done:
+                raise SandboxError(f"command in container {self.id[:12]} could not be stopped after its timeout")
+        finally:
+            with contextlib.suppress(Exception):
+                sock.close()
+        exit_code = self._exit_code(exec_id)
+        duration = time.monotonic() - t0
+        if exit_code is None or exit_code == _KILL_EXIT:
+            self._check_alive()
+        if exit_code is None:
+            raise SandboxError(f"the daemon lost the exit status of a command in container {self.id[:12]}")
+        timed_out = forced or (exit_code == _KILL_EXIT and duration >= timeout)
+        return ExecResult(
+            exit_code=TIMEOUT_EXIT if timed_out else exit_code,
+            output=capper.text(),
+            timed_out=timed_out,
+            truncated=capper.truncated,
+            duration_s=duration,
+        )
+
+    def _exit_code(self, exec_id: str) -> int | None:
+        # The stream can close a few ms before the daemon records the exit status.
+        for _ in range(200):
+            try:
+                info = self.client.api.exec_inspect(exec_id)
+            except docker.errors.NotFound:
+                return None
+            except (requests.exceptions.ConnectionError, OSError) as e:
+                raise _unavailable(self.cfg.docker_host, e) from e
+            if not info.get("Running"):
+                code = info.get("ExitCode")
+                return None if code is None else int(code)
+            time.sleep(0.01)
+        return None
+
+    def _check_alive(self) -> None:
+        try:
+            state = self.client.api.inspect_container(self.id)["State"]
+        except docker.errors.NotFound as e:
+            raise SandboxError(f"container {self.id[:12]} was removed while a command ran") from e
+        except (requests.exceptions.ConnectionError, OSError) as e:
+            raise _unavailable(self.cfg.docker_host, e) from e
+        if not state.get("Running"):
+            raise SandboxError(
+                f"container {self.id[:12]} stopped while a command ran "
+                f"(status={state.get('Status')}, exit={state.get('ExitCode')}, oom_killed={state.get('OOMKilled')})"
+            )
+
+    def _kill_all_blocking(self) -> None:
+        """Kill every process in the container except PID 1 (the container stays)."""
+        with contextlib.suppress(Exception):
+            self.client.api.exec_start(self._exec_create(["kill", "-9", "-1"], None, None, "0"), detach=True)
+
+    # ---- files ---------------------------------------------------------------------------------------------------
+    async def read_file(self, path: str) -> str:
+        """The text of ``path`` in the container. FileNotFoundError when absent (the agent's business);
+        SandboxError beyond ``read_limit_bytes`` or when the container is gone."""
+        data = await run_blocking(self._read_bytes_blocking, path)
+        return data.decode("utf-8", errors="replace")
+
+    def _get_archive(self, path: str) -> Any:
+        try:
+            stream, stat = self.client.api.get_archive(self.id, path)
+            return stream, stat
+        except docker.errors.NotFound as e:
+            if "No such container" in str(e):
+                raise SandboxError(f"container {self.id[:12]} is gone") from e
+            raise FileNotFoundError(f"{path} does not exist in the sandbox") from e
+        except docker.errors.APIError as e:
+            raise SandboxError(f"could not read {path} from container {self.id[:12]}: {e.explanation or e}") from e
+        except (requests.exceptions.ConnectionError, OSError) as e:
+            raise _unavailable(self.cfg.docker_host, e) from e
+
+    def _read_bytes_blocking(self, path: str) -> bytes:
+        stream, stat = self._get_archive(path)
+        if stat.get("size", 0) > self.cfg.read_limit_bytes:
+            raise SandboxError(f"{path} is {stat['size']} bytes, over sandbox.read_limit_bytes")
+        with tempfile.SpooledTemporaryFile(max_size=8 * 1024 * 1024) as f:
+            for chunk in stream:
+                f.write(chunk)
+            f.seek(0)
+            with tarfile.open(fileobj=f, mode="r") as tar:
+                member = tar.next()
+                if member is None or not member.isfile():
+                    raise IsADirectoryError(f"{path} is not a regular file in the sandbox")
+                fobj = tar.extractfile(member)
+                assert fobj is not None
+                return fobj.read()
+
+    async def write_file(self, path: str, content: str) -> None:
+        """Write ``content`` (UTF-8) to the absolute ``path``; parent directories are created."""
+        if not path.startswith("/"):
+            raise ValueError(f"write_file needs an absolute path inside the sandbox, got {path!r}")
+        data = _tar_one(path.lstrip("/"), content.encode("utf-8"))
+        await run_blocking(self._put_archive_blocking, "/", data)
+
+    def _put_archive_blocking(self, dest_dir: str, data: Any) -> None:
+        try:
+            ok = self.client.api.put_archive(self.id, dest_dir, data)
+        except docker.errors.NotFound as e:
+            raise SandboxError(f"container {self.id[:12]} (or {dest_dir} in it) is gone: {e.explanation}") from e
+        except docker.errors.APIError as e:
+            raise SandboxError(f"could not write into container {self.id[:12]}: {e.explanation or e}") from e
+        except (requests.exceptions.ConnectionError, OSError) as e:
+            raise _unavailable(self.cfg.docker_host, e) from e
+        if not ok:
+            raise SandboxError(f"the daemon refused the archive for {dest_dir} in container {self.id[:12]}")
+
+    async def copy_in(self, src: str, dest: str) -> None:
+        """Copy the host file or directory ``src`` to the absolute path ``dest`` in the container."""
+        if not dest.startswith("/"):
+            raise ValueError(f"copy_in needs an absolute destination inside the sandbox, got {dest!r}")
+        if not Path(src).exists():
+            raise FileNotFoundError(f"copy_in: host path {src} does not exist")
+        await run_blocking(self._copy_in_blocking, src, dest)
+
+    def _copy_in_blocking(self, src: str, dest: str) -> None:
+        # A temporary file, not memory: a repository can be large.
+        with tempfile.TemporaryFile() as f:
+            with tarfile.open(fileobj=f, mode="w") as tar:
+                tar.add(src, arcname=dest.lstrip("/"))
+            f.seek(0)
+            self._put_archive_blocking("/", f)
+
+    async def copy_out(self, src: str, dest: str) -> None:
+        """Copy the container file or directory ``src`` to the host path ``dest`` (its parent must exist)."""
+        await run_blocking(self._copy_out_blocking, src, dest)
+
+    def _copy_out_blocking(self, src: str, dest: str) -> None:
+        stream, stat = self._get_archive(src)
+        target = Path(dest)
+        with tempfile.TemporaryFile() as f:
+            for chunk in stream:
+                f.write(chunk)
+            f.seek(0)
+            with tarfile.open(fileobj=f, mode="r") as tar, tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+                tar.extractall(tmp, filter="data")  # "data": no absolute paths, links out or device files
+                Path(tmp, stat["name"]).rename(target)
+
+
+def remove_containers(filters: dict[str, Any], docker_host: str | None = None) -> list[str]:
+    """Force-remove every container matching Docker ``filters``; returns their ids (blocking)."""
+    client = get_client(docker_host)
+    removed = []
+    for c in client.api.containers(all=True, filters=filters):
+        with contextlib.suppress(docker.errors.NotFound):
+            client.api.remove_container(c["Id"], force=True, v=True)
+            removed.append(c["Id"])
+    return removed
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def reap_orphans(docker_host: str | None = None) -> list[str]:
+    """Remove sandbox containers made on this host by processes that no longer exist (after a crash).
+    Containers of live processes and of other hosts sharing the daemon are left alone. Blocking."""
+    client = get_client(docker_host)
+    me = socket.gethostname()
+    removed = []
+    for c in client.api.containers(all=True, filters={"label": f"{OWNER_LABEL}=sao"}):
+        labels = c.get("Labels") or {}
+        if labels.get(OWNER_HOST_LABEL) != me:
+            continue
+        try:
+            pid = int(labels.get(OWNER_PID_LABEL, ""))
+        except ValueError:
+            continue
+        if not _pid_alive(pid):
+            with contextlib.suppress(docker.errors.NotFound):
+                client.api.remove_container(c["Id"], force=True, v=True)
+                removed.append(c["Id"])
+    return removed
