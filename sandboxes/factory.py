@@ -1,0 +1,91 @@
+"""One entry point from config to sandboxes: ``make_sandbox(cfg)`` and ``make_provider(cfg, pool)``.
+
+``sandbox.backend`` picks the implementation: ``docker`` (``DockerSandbox``, pooled by ``WarmPool``) or
+``bwrap`` (``BwrapSandbox``, nothing to pool: a jail costs ~10 ms). Envs should hold one provider per image and
+call ``acquire()`` / ``lease()`` per episode.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import fields
+from typing import Any, Protocol
+
+from sandboxes.config import PoolConfig, SandboxConfig
+from sandboxes.protocols import Sandbox
+
+
+def sandbox_config_from_dict(data: Mapping[str, Any]) -> SandboxConfig:
+    """``SandboxConfig`` from a YAML mapping; an unknown key is a ValueError naming it and the known keys."""
+    known = {f.name for f in fields(SandboxConfig)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ValueError(f"sandbox: unknown key(s) {unknown}; known keys: {sorted(known)}")
+    kwargs = dict(data)
+    for key in ("shell", "cap_add", "bwrap_ro_binds"):
+        if key in kwargs and isinstance(kwargs[key], list):
+            kwargs[key] = tuple(kwargs[key])
+    return SandboxConfig(**kwargs)
+
+
+async def make_sandbox(cfg: SandboxConfig) -> Sandbox:
+    """Start one sandbox for ``cfg`` (no pool); close it with ``await sb.close()`` or ``async with``."""
+    if cfg.backend == "docker":
+        from sandboxes.docker import DockerSandbox
+
+        return await DockerSandbox.create(cfg)
+    from sandboxes.bwrap import BwrapSandbox
+
+    return await BwrapSandbox.create(cfg)
+
+
+class SandboxProvider(Protocol):
+    """Hands out fresh sandboxes of one configuration; ``aclose`` releases whatever it keeps."""
+
+    async def acquire(self) -> Sandbox: ...
+
+    def lease(self) -> contextlib.AbstractAsyncContextManager[Sandbox]: ...
+
+    async def aclose(self) -> None: ...
+
+
+class DirectProvider:
+    """A provider that creates each sandbox on demand (bwrap, or Docker without warm containers)."""
+
+    def __init__(self, cfg: SandboxConfig) -> None:
+        self.cfg = cfg
+
+    async def acquire(self) -> Sandbox:
+        return await make_sandbox(self.cfg)
+
+    @contextlib.asynccontextmanager
+    async def lease(self) -> AsyncIterator[Sandbox]:
+        sb = await self.acquire()
+        try:
+            yield sb
+        finally:
+            await sb.close()
+
+    async def aclose(self) -> None:
+        return None
+
+
+async def make_provider(cfg: SandboxConfig, pool: PoolConfig | None = None) -> SandboxProvider:
+    """A started ``WarmPool`` for Docker (``pool`` sizes), a ``DirectProvider`` for bwrap."""
+    if cfg.backend == "docker":
+        from sandboxes.pool import WarmPool
+
+        return await WarmPool(cfg, pool).start()
+    return DirectProvider(cfg)
+
+
+__all__ = [
+    "DirectProvider",
+    "PoolConfig",
+    "SandboxConfig",
+    "SandboxProvider",
+    "make_provider",
+    "make_sandbox",
+    "sandbox_config_from_dict",
+]

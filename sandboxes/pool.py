@@ -1,0 +1,183 @@
+"""WarmPool: containers of one image started ahead in the background, so ``acquire()`` takes milliseconds.
+
+Usage::
+
+    pool = await WarmPool(SandboxConfig(image=tag), PoolConfig(size=4, max_concurrency=32)).start()
+    async with pool.lease() as sb:          # or: sb = await pool.acquire(); ...; await sb.close()
+        await sb.exec("pytest -q")
+    await pool.aclose()                     # drains: waits for leased sandboxes, removes idle ones
+
+A leased container is destroyed when it is closed, never handed to another episode. One background task keeps
+``size`` idle containers plus one per waiting ``acquire()``; at most ``max_concurrency`` are leased at a time,
+and with ``per_host_limit`` all pools of this process on the same Docker host together keep at most that many
+containers (idle, starting, leased). A container that cannot be started is reported to the waiting
+``acquire()`` as its exception (e.g. ``ImageNotFoundError``), and the pool retries after a short back-off.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import weakref
+from collections.abc import AsyncIterator
+
+from sandboxes.config import PoolConfig, SandboxConfig
+from sandboxes.docker import DockerSandbox
+from sandboxes.protocols import SandboxError
+
+_HOST_LIMITS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[str, int], asyncio.Semaphore]] = (
+    weakref.WeakKeyDictionary()
+)
+_RETRY_BACKOFF_S = 1.0
+
+
+def host_limiter(docker_host: str | None, limit: int) -> asyncio.Semaphore:
+    """The semaphore shared by every pool of this event loop on ``docker_host`` with this ``limit``."""
+    loop = asyncio.get_running_loop()
+    host = docker_host or os.environ.get("DOCKER_HOST") or "local"
+    per_loop = _HOST_LIMITS.setdefault(loop, {})
+    return per_loop.setdefault((host, limit), asyncio.Semaphore(limit))
+
+
+class WarmPool:
+    """Warm containers for one ``SandboxConfig`` (one image); see the module docstring."""
+
+    def __init__(self, cfg: SandboxConfig, pool: PoolConfig | None = None) -> None:
+        if cfg.backend != "docker":
+            raise ValueError(f"sandbox.backend: a WarmPool holds Docker containers, got {cfg.backend!r}")
+        self.cfg = cfg
+        self.pool = pool or PoolConfig()
+        self._idle: asyncio.Queue[DockerSandbox | BaseException] = asyncio.Queue()
+        self._leases = asyncio.Semaphore(self.pool.max_concurrency)
+        self._host: asyncio.Semaphore | None = None
+        self._wake = asyncio.Event()
+        self._drained = asyncio.Event()
+        self._starting: set[asyncio.Task[None]] = set()
+        self._leased: set[DockerSandbox] = set()
+        self._waiters = 0
+        self._filler: asyncio.Task[None] | None = None
+        self._closing = False
+
+    async def start(self) -> WarmPool:
+        """Begin filling the pool in the background (returns at once)."""
+        if self.pool.per_host_limit is not None:
+            self._host = host_limiter(self.cfg.docker_host, self.pool.per_host_limit)
+        self._filler = asyncio.create_task(self._fill(), name="sao-warm-pool")
+        return self
+
+    async def wait_warm(self, timeout: float = 120.0) -> None:
+        """Wait until ``size`` containers are idle (benchmarks and tests)."""
+        async with asyncio.timeout(timeout):
+            while self._idle.qsize() < self.pool.size:
+                await asyncio.sleep(0.02)
+
+    @property
+    def idle(self) -> int:
+        return self._idle.qsize()
+
+    @property
+    def leased(self) -> int:
+        return len(self._leased)
+
+    async def _fill(self) -> None:
+        while not self._closing:
+            self._wake.clear()
+            want = self.pool.size + self._waiters - self._idle.qsize() - len(self._starting)
+            room = self.pool.size + self.pool.max_concurrency - len(self._leased) - self._idle.qsize()
+            n = min(want, room - len(self._starting), self.pool.start_parallelism - len(self._starting))
+            for _ in range(max(0, n)):
+                task = asyncio.create_task(self._start_one())
+                self._starting.add(task)
+                task.add_done_callback(self._starting.discard)
+            await self._wake.wait()
+
+    async def _start_one(self) -> None:
+        if self._host is not None:
+            await self._host.acquire()
+        try:
+            sb = await DockerSandbox.create(self.cfg, labels={"sao.pool": "warm"})
+        except BaseException as e:
+            if self._host is not None:
+                self._host.release()
+            if isinstance(e, asyncio.CancelledError):
+                raise
+            self._idle.put_nowait(e)
+            await asyncio.sleep(_RETRY_BACKOFF_S)
+            self._wake.set()
+            return
+        self._idle.put_nowait(sb)
+        self._wake.set()
+
+    async def acquire(self) -> DockerSandbox:
+        """A started container, leased to the caller, who must ``close()`` it (it is then destroyed)."""
+        if self._closing:
+            raise SandboxError("acquire() on a closed WarmPool")
+        if self._filler is None:
+            await self.start()
+        await self._leases.acquire()
+        self._waiters += 1
+        self._wake.set()
+        try:
+            item = await self._idle.get()
+        except BaseException:
+            self._leases.release()
+            raise
+        finally:
+            self._waiters -= 1
+        if isinstance(item, BaseException):
+            self._leases.release()
+            raise item
+        item._on_close = lambda sb=item: self._returned(sb)  # type: ignore[misc]
+        self._leased.add(item)
+        self._wake.set()
+        return item
+
+    def _returned(self, sb: DockerSandbox) -> None:
+        self._leased.discard(sb)
+        self._leases.release()
+        if self._host is not None:
+            self._host.release()
+        if not self._leased:
+            self._drained.set()
+        self._wake.set()
+
+    @contextlib.asynccontextmanager
+    async def lease(self) -> AsyncIterator[DockerSandbox]:
+        """``async with pool.lease() as sb``: acquire, then close (destroy) on exit."""
+        sb = await self.acquire()
+        try:
+            yield sb
+        finally:
+            await sb.close()
+
+    async def aclose(self, drain_timeout: float = 30.0) -> None:
+        """Stop refilling, remove idle containers, wait up to ``drain_timeout`` s for leased ones to be closed,
+        then remove those still out."""
+        if self._closing:
+            return
+        self._closing = True
+        self._wake.set()
+        if self._filler is not None:
+            await self._filler
+        # Starts already sent to the daemon finish (cancelling them would leak the container being created).
+        if self._starting:
+            await asyncio.gather(*self._starting, return_exceptions=True)
+        while not self._idle.empty():
+            item = self._idle.get_nowait()
+            if isinstance(item, DockerSandbox):
+                with contextlib.suppress(SandboxError):
+                    await item.close()
+                if self._host is not None:
+                    self._host.release()
+        if self._leased:
+            self._drained.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._drained.wait(), drain_timeout)
+            await asyncio.gather(*(sb.close() for sb in list(self._leased)), return_exceptions=True)
+
+    async def __aenter__(self) -> WarmPool:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
