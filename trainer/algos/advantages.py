@@ -1,0 +1,283 @@
+"""Advantage estimators: skip-observation GAE, token GAE, GRPO group normalisation, a running-mean baseline.
+
+Shapes: ``B`` rows, ``T`` tokens. Masks may be bool or 0/1. Every estimator returns ``(advantages, returns)``
+as ``[B, T]`` float tensors that are exactly 0 off the tokens it covers.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from trainer.algos.registry import AdvantageInputs, register_advantage
+
+# Chunk width of the blocked reverse scan: the per-chunk work is a [L/C, C] x [C, C] matmul, and the carry
+# between chunks a second (much smaller) one, so nothing loops in Python.
+_CHUNK = 32
+
+
+def _check_gamma_lam(gamma: float, lam: float) -> None:
+    for name, x in (("gamma", gamma), ("lam", lam)):
+        if not (0.0 <= float(x) <= 1.0):
+            raise ValueError(f"{name} must be in [0, 1], got {x!r}")
+
+
+def _check_same_shape(**tensors: torch.Tensor) -> tuple[int, int]:
+    shapes = {k: tuple(v.shape) for k, v in tensors.items()}
+    first = next(iter(shapes.values()))
+    if len(first) != 2 or any(s != first for s in shapes.values()):
+        raise ValueError(f"expected [B, T] tensors of one shape, got {shapes}")
+    return first[0], first[1]
+
+
+def _discounted_reverse_cumsum(x: torch.Tensor, c: float) -> torch.Tensor:
+    """``y[:, k] = sum_{j >= k} c**(j - k) * x[:, j]`` for a ``[G, L]`` float tensor, without a Python loop.
+
+    Blocked scan: inside each chunk of width C the sum is a matmul with the upper-triangular matrix of powers
+    ``c**(j - k)``; the chunk heads then obey the same recursion with factor ``c**C`` across chunks (a second,
+    smaller matmul), and each token adds ``c**(C - k)`` times the next chunk's head. All powers are <= 1, so
+    nothing overflows; terms far apart underflow to 0, which is their true value to the dtype's precision.
+    """
+    g, n = x.shape
+    if n == 0:
+        return x.clone()
+    width = min(_CHUNK, n)
+    nc = -(-n // width)
+    xp = torch.nn.functional.pad(x, (0, nc * width - n)).view(g, nc, width)
+    ar = torch.arange(width, device=x.device, dtype=x.dtype)
+    diff = ar[None, :] - ar[:, None]  # diff[k, j] = j - k
+    inner = torch.where(diff >= 0, torch.pow(c, diff.clamp(min=0)), 0.0)  # c**0 == 1 even for c == 0
+    local = xp @ inner.T  # local[., i, k] = sum_{j >= k in chunk i} c**(j-k) x[j]
+    if nc > 1:
+        arc = torch.arange(nc, device=x.device, dtype=x.dtype)
+        dc = arc[None, :] - arc[:, None]
+        outer = torch.where(dc >= 0, torch.pow(c**width, dc.clamp(min=0)), 0.0)
+        heads = local[:, :, 0] @ outer.T  # final value at each chunk's first token
+        nxt = torch.nn.functional.pad(heads[:, 1:], (0, 1))  # head of the following chunk, 0 after the last
+        local = local + torch.pow(c, width - ar)[None, None, :] * nxt[:, :, None]
+    return local.reshape(g, nc * width)[:, :n]
+
+
+def _compact_index(mask: torch.Tensor, seq_ids: torch.Tensor | None) -> tuple[torch.Tensor, int, int]:
+    """Where each masked token goes in a compact ``[G, L]`` table of sequences x masked-token rank.
+
+    Returns ``(flat_index [B*T] int64, G, L)``; unmasked tokens point at the dump slot ``G * L``. Built from a
+    row cumsum (no ``nonzero``), so it costs a few passes over ``[B, T]``.
+    """
+    b, t = mask.shape
+    count = torch.cumsum(mask, 1, dtype=torch.int32)  # inclusive number of masked tokens so far in the row
+    if seq_ids is None:
+        n_groups = b
+        length = int(count[:, -1].max()) if t else 0
+        fi = count.long()
+        fi += (torch.arange(b, device=mask.device) * length - 1)[:, None]
+    else:
+        if tuple(seq_ids.shape) != (b, t):
+            raise ValueError(f"seq_ids must have shape {(b, t)}, got {tuple(seq_ids.shape)}")
+        if bool(((seq_ids < 0) & mask).any()):
+            raise ValueError("seq_ids is -1 on a masked token; every action token must belong to a sequence")
+        sid = seq_ids.long()
+        starts = torch.ones_like(mask)
+        starts[:, 1:] = sid[:, 1:] != sid[:, :-1]
+        # masked tokens before each sequence's first token, carried forward (count never decreases in a row)
+        before = torch.where(starts, count - mask.int(), 0).cummax(dim=1).values
+        rank = count - before - 1
+        n_groups = int(sid.max()) + 1 if sid.numel() else 0
+        length = int(torch.where(mask, rank, -1).max()) + 1 if sid.numel() else 0
+        fi = sid * length + rank
+    fi.masked_fill_(~mask, n_groups * length)
+    return fi.view(-1), n_groups, length
+
+
+def _masked_gae(
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    gamma: float,
+    lam: float,
+    seq_ids: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GAE over the masked tokens only, each sequence's masked tokens treated as consecutive steps.
+
+    The masked tokens of every sequence are scattered into a compact ``[G, L]`` table (``L`` = most masked
+    tokens in one sequence), the recursion runs there, and the result is gathered back: memory is
+    O(B*T), and tokens off the mask can neither receive nor pass on anything.
+    """
+    b, t = _check_same_shape(rewards=rewards, values=values, action_mask=mask)
+    _check_gamma_lam(gamma, lam)
+    out_dtype = torch.promote_types(values.dtype, torch.float32)
+    m = mask.bool()
+    fi, n_groups, length = _compact_index(m, seq_ids)
+    dump = n_groups * length
+    if dump == 0:
+        zeros = torch.zeros(b, t, dtype=out_dtype, device=values.device)
+        return zeros, zeros.clone()
+    vals = values.to(out_dtype).reshape(-1)
+    rc = torch.zeros(dump + 1, dtype=out_dtype, device=values.device).scatter_(0, fi, rewards.to(out_dtype).reshape(-1))
+    vc = torch.zeros(dump + 1, dtype=out_dtype, device=values.device).scatter_(0, fi, vals)
+    rcomp = rc[:dump].view(n_groups, length)
+    vcomp = vc[:dump].view(n_groups, length)
+    # V after a sequence's last masked token is 0: the compact table is zero-padded past it.
+    delta = rcomp + gamma * torch.nn.functional.pad(vcomp[:, 1:], (0, 1)) - vcomp
+    adv_c = _discounted_reverse_cumsum(delta, gamma * lam)
+    adv_ext = torch.nn.functional.pad(adv_c.reshape(-1), (0, 1))  # the dump slot reads 0
+    ret_ext = torch.nn.functional.pad((adv_c + vcomp).reshape(-1), (0, 1))
+    return adv_ext.gather(0, fi).view(b, t), ret_ext.gather(0, fi).view(b, t)
+
+
+def skip_observation_gae(
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    action_mask: torch.Tensor,
+    gamma: float,
+    lam: float,
+    seq_ids: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GAE over action tokens only: observation, prompt and padding tokens are skipped, never bootstrapped through.
+
+    For consecutive action tokens ``t`` and ``t'`` (``t'`` the next ACTION token of the row, however many
+    observation tokens lie between): ``delta_t = r_t + gamma * V(t') - V(t)`` and
+    ``A_t = delta_t + gamma * lam * A_t'``; after the last action token ``V = 0`` and ``A = 0``.
+    ``returns = advantages + values`` on action tokens. Both outputs are ``[B, T]``, 0 off the action tokens, in
+    ``values``' dtype promoted to at least float32. ``seq_ids`` (``[B, T]``) restarts the recursion at every
+    sequence of a packed row. Raises ValueError on mismatched shapes or gamma/lam outside [0, 1].
+    """
+    return _masked_gae(rewards, values, action_mask, gamma, lam, seq_ids)
+
+
+def gae(
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    response_mask: torch.Tensor,
+    gamma: float,
+    lam: float,
+    seq_ids: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Standard token GAE over every response token (actions and observations alike), for the ablation.
+
+    Same recursion as ``skip_observation_gae`` but it steps through observation tokens and bootstraps from
+    their values; only the prompt and padding (``response_mask == 0``) are outside it.
+    """
+    return _masked_gae(rewards, values, response_mask, gamma, lam, seq_ids)
+
+
+def grpo_advantages(
+    rewards: torch.Tensor,
+    group_ids: torch.Tensor,
+    eps: float = 1e-6,
+    scale_by_std: bool = True,
+) -> torch.Tensor:
+    """Group-normalised outcome advantages: ``(R_i - mean_g) / (std_g + eps)`` over each prompt group ``g``.
+
+    ``rewards`` and ``group_ids`` are ``[B]``. ``std`` is the unbiased sample std; a group of one has advantage
+    0 (nothing to compare with). ``scale_by_std=False`` gives the mean-only (Dr. GRPO) variant.
+    """
+    if rewards.dim() != 1 or tuple(group_ids.shape) != tuple(rewards.shape):
+        raise ValueError(
+            f"grpo_advantages wants [B] rewards and [B] group_ids, got {tuple(rewards.shape)} and "
+            f"{tuple(group_ids.shape)}"
+        )
+    r = rewards.double()
+    _, inv = torch.unique(group_ids, return_inverse=True)
+    n_groups = int(inv.max().item()) + 1 if inv.numel() else 0
+    count = torch.zeros(n_groups, dtype=torch.float64, device=r.device).index_add_(0, inv, torch.ones_like(r))
+    mean = torch.zeros_like(count).index_add_(0, inv, r) / count
+    centred = r - mean[inv]
+    adv = centred
+    if scale_by_std:
+        sq = torch.zeros_like(count).index_add_(0, inv, centred**2)
+        std = torch.sqrt(sq / (count - 1).clamp(min=1))
+        adv = centred / (std[inv] + eps)
+    adv = torch.where(count[inv] > 1, adv, torch.zeros_like(adv))
+    return adv.to(torch.promote_types(rewards.dtype, torch.float32))
+
+
+class RunningMeanBaseline:
+    """A reward baseline without a critic: advantage = outcome reward - running mean of past outcome rewards.
+
+    ``decay=None`` keeps the exact mean of every reward seen; ``decay in (0, 1)`` an exponential moving average.
+    Before any update the baseline is the mean of the batch being scored. Call ``advantage`` then ``update``
+    (the registry entry ``running_mean`` does both); ``state_dict``/``load_state_dict`` make it resumable.
+    """
+
+    def __init__(self, decay: float | None = None) -> None:
+        if decay is not None and not (0.0 < decay < 1.0):
+            raise ValueError(f"RunningMeanBaseline decay must be in (0, 1) or None, got {decay!r}")
+        self.decay = decay
+        self.mean = 0.0
+        self.count = 0
+
+    def advantage(self, rewards: torch.Tensor) -> torch.Tensor:
+        """``[B]`` outcome rewards -> ``[B]`` advantages against the current baseline (no state change)."""
+        base = self.mean if self.count > 0 else (float(rewards.double().mean()) if rewards.numel() else 0.0)
+        return rewards.to(torch.promote_types(rewards.dtype, torch.float32)) - base
+
+    def update(self, rewards: torch.Tensor) -> None:
+        vals = rewards.detach().double().flatten().tolist()
+        for x in vals:
+            if not math.isfinite(x):
+                raise ValueError(f"RunningMeanBaseline.update got a non-finite reward {x!r}")
+            if self.decay is None or self.count == 0:
+                self.count += 1
+                self.mean += (x - self.mean) / self.count
+            else:
+                self.count += 1
+                self.mean = self.decay * self.mean + (1.0 - self.decay) * x
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"decay": self.decay, "mean": self.mean, "count": self.count}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.decay = state["decay"]
+        self.mean = float(state["mean"])
+        self.count = int(state["count"])
+
+
+def _outcome(inputs: AdvantageInputs) -> torch.Tensor:
+    """Per-row outcome reward: the sum of the row's token rewards (final + per-turn)."""
+    return inputs.rewards.sum(dim=-1)
+
+
+def _broadcast(adv_rows: torch.Tensor, outcome: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    m = mask.to(adv_rows.dtype)
+    return adv_rows[:, None] * m, outcome.to(adv_rows.dtype)[:, None] * m
+
+
+def _need(value: torch.Tensor | None, what: str, estimator: str) -> torch.Tensor:
+    if value is None:
+        raise ValueError(f"advantage estimator {estimator!r} needs {what}; pass it in AdvantageInputs")
+    return value
+
+
+@register_advantage("skip_obs_gae")
+def _skip_obs_gae_entry(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    values = _need(inputs.values, "critic values", "skip_obs_gae")
+    return skip_observation_gae(inputs.rewards, values, inputs.action_mask, inputs.gamma, inputs.lam, inputs.seq_ids)
+
+
+@register_advantage("gae")
+def _gae_entry(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    values = _need(inputs.values, "critic values", "gae")
+    mask = inputs.response_mask if inputs.response_mask is not None else inputs.action_mask
+    adv, ret = gae(inputs.rewards, values, mask, inputs.gamma, inputs.lam, inputs.seq_ids)
+    # Observation tokens get advantages too, but the policy loss only ever reads action tokens.
+    return adv, ret
+
+
+@register_advantage("grpo")
+def _grpo_entry(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    group_ids = _need(inputs.group_ids, "group_ids ([B] prompt group of each row)", "grpo")
+    outcome = _outcome(inputs)
+    return _broadcast(grpo_advantages(outcome, group_ids), outcome, inputs.action_mask)
+
+
+@register_advantage("running_mean")
+def _running_mean_entry(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    if inputs.baseline is None:
+        raise ValueError("advantage estimator 'running_mean' needs baseline=RunningMeanBaseline() in AdvantageInputs")
+    outcome = _outcome(inputs)
+    adv = inputs.baseline.advantage(outcome)
+    inputs.baseline.update(outcome)
+    return _broadcast(adv, outcome, inputs.action_mask)

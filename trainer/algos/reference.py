@@ -1,0 +1,72 @@
+"""Slow, obvious per-sequence loop references of the fast kernels, for the tests and ``sao bench algos``.
+
+Plain Python floats, one sequence at a time, written straight from the formulas: nothing clever to get wrong.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def skip_observation_gae_row(
+    rewards: list[float], values: list[float], mask: list[bool], gamma: float, lam: float
+) -> tuple[list[float], list[float]]:
+    """One sequence, walked backwards; tokens with ``mask`` False are skipped entirely."""
+    adv = [0.0] * len(rewards)
+    ret = [0.0] * len(rewards)
+    next_value = 0.0  # V after the last action token
+    lastgaelam = 0.0
+    for t in reversed(range(len(rewards))):
+        if not mask[t]:
+            continue
+        delta = rewards[t] + gamma * next_value - values[t]
+        lastgaelam = delta + gamma * lam * lastgaelam
+        adv[t] = lastgaelam
+        ret[t] = lastgaelam + values[t]
+        next_value = values[t]
+    return adv, ret
+
+
+def skip_observation_gae_loop(
+    rewards: torch.Tensor, values: torch.Tensor, action_mask: torch.Tensor, gamma: float, lam: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[B, T]`` in, ``[B, T]`` float64 out: a Python loop over rows and tokens."""
+    adv_rows, ret_rows = [], []
+    for r, v, m in zip(rewards.tolist(), values.tolist(), action_mask.bool().tolist(), strict=True):
+        a, ret = skip_observation_gae_row(r, v, m, gamma, lam)
+        adv_rows.append(a)
+        ret_rows.append(ret)
+    shape = tuple(rewards.shape)
+    return (
+        torch.tensor(adv_rows, dtype=torch.float64).reshape(shape),
+        torch.tensor(ret_rows, dtype=torch.float64).reshape(shape),
+    )
+
+
+def grpo_loop(rewards: list[float], group_ids: list[int], eps: float = 1e-6, scale_by_std: bool = True) -> list[float]:
+    groups: dict[int, list[float]] = {}
+    for r, g in zip(rewards, group_ids, strict=True):
+        groups.setdefault(g, []).append(r)
+    out = []
+    for r, g in zip(rewards, group_ids, strict=True):
+        xs = groups[g]
+        if len(xs) < 2:
+            out.append(0.0)
+            continue
+        mean = sum(xs) / len(xs)
+        std = math.sqrt(sum((x - mean) ** 2 for x in xs) / (len(xs) - 1))
+        out.append((r - mean) / (std + eps) if scale_by_std else r - mean)
+    return out
+
+
+def dis_weights_loop(
+    logp: list[float], rollout_logp: list[float], mask: list[bool], eps_low: float, eps_high: float
+) -> list[float]:
+    """Per-token DIS weight ``f(r)``: ``r`` inside ``(1 - eps_low, 1 + eps_high)``, else 0; 0 off the mask."""
+    out = []
+    for lp, rlp, m in zip(logp, rollout_logp, mask, strict=True):
+        r = math.exp(lp - rlp)
+        out.append(r if m and 1.0 - eps_low < r < 1.0 + eps_high else 0.0)
+    return out
