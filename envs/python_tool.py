@@ -1,0 +1,185 @@
+"""``PythonToolEnv`` (``sao/PythonTool-v0``): a math problem per episode, a sandboxed python tool, math-verify grading.
+
+An episode: the user message is the problem; the model may call ``python`` (notebook-like, in a fresh sandbox
+per episode, with a timeout and an output cap; a fenced ```python block counts as a call) any number of times,
+and ends by either calling ``submit`` with an ``answer`` or writing a message with no tool call that contains
+``\\boxed{...}``. The answer graded is the content of the LAST ``\\boxed{}`` (or the submitted text when it has no
+box). Grading: ``math_verify.verify(parse(gold), parse(prediction))``, so ``\\frac{1}{2}`` and ``0.5`` agree.
+Reward 1.0 if correct, else 0.0; ``info["report"]`` holds gold, extracted prediction and the verdict.
+
+Tasks: ``reset(options={"task": {"problem": ..., "answer": ...}})`` (``prompt`` is accepted for ``problem``;
+``id`` is optional), or drawn by the seeded generator from ``dataset``: ``"arithmetic"`` (generated easy
+problems, the default), a benchmark name (``aime24``, ``aime25``, ``imo_answerbench``), a local file or an HF
+dataset (see ``envs.datasets``), or a list of task records.
+
+Sandbox: ``sandbox`` is a ``sandboxes.config.SandboxConfig`` or a dict of its fields (default: bwrap, no
+network, 1 GiB); ``sandbox_factory`` (a callable returning a Sandbox, or an awaitable of one) overrides it.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from envs.base import Grade, ToolEnv
+from envs.protocols import Tool
+from envs.tools.python import PythonTool
+from envs.tools.submit import SubmitTool
+from sandboxes.protocols import Sandbox
+
+SYSTEM_PROMPT = (
+    "You solve math problems. You may run Python with the python tool; variables persist between calls. "
+    "When you are sure, write the final answer as \\boxed{...} in a message without a tool call."
+)
+
+
+def last_boxed(text: str) -> str | None:
+    """The content of the last ``\\boxed{...}`` (or ``\\fbox{...}``) in ``text``, braces balanced; else None."""
+    starts = sorted((m.end(), m.start()) for m in re.finditer(r"\\(?:boxed|fbox)\s*\{", text))
+    for body_start, _ in reversed(starts):
+        depth, j = 1, body_start
+        while j < len(text) and depth:
+            depth += {"{": 1, "}": -1}.get(text[j], 0)
+            j += 1
+        if depth == 0:
+            return text[body_start : j - 1]
+    return None
+
+
+def grade_answer(gold: str, prediction: str) -> tuple[bool, dict[str, Any]]:
+    """``math_verify`` verdict of ``prediction`` (a bare answer) against ``gold``, with the parsed forms."""
+    from math_verify import parse, verify
+
+    # math-verify enforces its timeouts with SIGALRM, which only the main thread may use.
+    main = threading.current_thread() is threading.main_thread()
+    ptime: Any = 5 if main else None
+    gold_text = gold if ("$" in gold or "\\boxed" in gold) else f"${gold}$"
+    gold_parsed = parse(gold_text, parsing_timeout=ptime)
+    pred_parsed = parse(f"\\boxed{{{prediction}}}", parsing_timeout=ptime)
+    ok = bool(gold_parsed) and bool(pred_parsed) and verify(gold_parsed, pred_parsed, timeout_seconds=ptime)
+    return ok, {"gold_parsed": [str(x) for x in gold_parsed], "pred_parsed": [str(x) for x in pred_parsed]}
+
+
+class PythonToolEnv(ToolEnv):
+    """Math with a sandboxed python tool (see the module doc)."""
+
+    fenced = {"python": ("python", "code"), "py": ("python", "code")}  # noqa: RUF012
+
+    def __init__(
+        self,
+        dataset: str | list[dict[str, Any]] = "arithmetic",
+        *,
+        sandbox: Any = None,
+        sandbox_factory: Callable[[], Any] | None = None,
+        code_timeout: float = 30.0,
+        max_output: int = 8_000,
+        n_generated: int = 1000,
+        max_steps: int = 10,
+        max_wall_s: float = 600.0,
+        max_format_errors: int = 3,
+    ) -> None:
+        super().__init__(max_steps=max_steps, max_wall_s=max_wall_s, max_format_errors=max_format_errors)
+        self.dataset, self.n_generated = dataset, n_generated
+        self.code_timeout, self.max_output = code_timeout, max_output
+        self._sandbox_cfg = sandbox
+        self._factory = sandbox_factory
+        self._tasks: list[dict[str, Any]] | None = None
+        self._sandbox: Sandbox | None = None
+        self._task: dict[str, str] = {}
+
+    # ---- tasks --------------------------------------------------------------------------------------------
+    def tasks(self) -> list[dict[str, Any]]:
+        """The dataset's task records (loaded on first use)."""
+        if self._tasks is None:
+            from envs.datasets import arithmetic_tasks, load_math_tasks
+
+            if isinstance(self.dataset, list):
+                self._tasks = list(self.dataset)
+            elif self.dataset == "arithmetic":
+                self._tasks = arithmetic_tasks(self.n_generated, seed=0)
+            else:
+                self._tasks = load_math_tasks(self.dataset)
+            if not self._tasks:
+                raise ValueError("PythonToolEnv: the dataset is empty")
+        return self._tasks
+
+    def sample_task(self, rng: np.random.Generator) -> dict[str, Any]:
+        tasks = self.tasks()
+        return tasks[int(rng.integers(0, len(tasks)))]
+
+    def parse_task(self, task: Any) -> dict[str, str]:
+        if not isinstance(task, dict):
+            raise ValueError(
+                f"PythonToolEnv task must be a dict with 'problem' and 'answer', got {type(task).__name__}"
+            )
+        problem = task.get("problem", task.get("prompt"))
+        for name, value in (("problem", problem), ("answer", task.get("answer"))):
+            if value is None or not str(value).strip():
+                raise ValueError(
+                    f"PythonToolEnv task is missing field {name!r} (a task needs 'problem' (or 'prompt') and "
+                    f"'answer'); got keys {sorted(task)}"
+                )
+        return {"id": str(task.get("id", "")), "problem": str(problem), "answer": str(task["answer"]).strip()}
+
+    # ---- ToolEnv hooks ------------------------------------------------------------------------------------
+    async def setup(self, task: dict[str, str]) -> None:
+        self._task = task
+        self._sandbox = await self._make_sandbox()
+
+    async def _make_sandbox(self) -> Sandbox:
+        if self._factory is not None:
+            made = self._factory()
+        else:
+            from sandboxes.config import SandboxConfig
+            from sandboxes.factory import make_sandbox  # type: ignore[import-not-found,unused-ignore]
+
+            cfg = self._sandbox_cfg
+            if cfg is None:
+                cfg = SandboxConfig(backend="bwrap")
+            elif isinstance(cfg, dict):
+                cfg = SandboxConfig(**{"backend": "bwrap", **cfg})
+            made = make_sandbox(cfg)
+        if inspect.isawaitable(made):
+            made = await made
+        return made  # type: ignore[no-any-return]
+
+    def tools(self) -> list[Tool]:
+        assert self._sandbox is not None
+        return [
+            PythonTool(self._sandbox, timeout=self.code_timeout, max_output=self.max_output),
+            SubmitTool("Submit your final answer and end the episode.", answer_field="answer"),
+        ]
+
+    def system_prompt(self) -> str:
+        return SYSTEM_PROMPT
+
+    def task_prompt(self, task: dict[str, str]) -> str:
+        return task["problem"]
+
+    def task_info(self, task: dict[str, str]) -> dict[str, Any]:
+        return {"task_id": task["id"]} if task["id"] else {}
+
+    async def on_text(self, text: str) -> dict[str, Any] | None:
+        return {"answer": text} if last_boxed(text) is not None else None
+
+    async def grade(self, submission: dict[str, Any]) -> Grade:
+        raw = str(submission.get("answer", ""))
+        boxed = last_boxed(raw)
+        prediction = (boxed if boxed is not None else raw).strip()
+        gold = self._task["answer"]
+        try:
+            ok, parsed = grade_answer(gold, prediction) if prediction else (False, {})
+        except Exception as e:
+            ok, parsed = False, {"grading_error": f"{type(e).__name__}: {e}"}
+        report = {"gold": gold, "prediction": prediction, "correct": ok, **parsed}
+        return Grade(reward=1.0 if ok else 0.0, solved=ok, report=report)
+
+    async def teardown(self) -> None:
+        sandbox, self._sandbox = self._sandbox, None
+        if sandbox is not None:
+            await sandbox.close()
