@@ -1,0 +1,210 @@
+"""Actor and critic models: load a causal LM, build a value model on its backbone, freeze attention by module type."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from trainer.config import Config, ConfigError
+
+VALUE_HEAD_FILE = "value_head.safetensors"
+CRITIC_MARKER = "sao_critic.json"
+# Sibling modules of an attention block that normalise its input. Llama's ``post_attention_layernorm`` is NOT one:
+# it normalises the residual stream before the MLP, so it stays trainable.
+_PRE_ATTENTION_NORMS = ("input_layernorm", "ln_1", "attention_norm", "pre_attention_layernorm", "self_attn_layer_norm")
+
+
+def _torch_dtype(name: str) -> torch.dtype:
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16}[name]
+
+
+def load_actor(cfg: Config) -> nn.Module:
+    """The policy: ``AutoModelForCausalLM`` from a directory, or a seeded random ``tiny:llama`` / ``tiny:moe``."""
+    from transformers import AutoModelForCausalLM
+
+    path, dtype = cfg.model.path, _torch_dtype(cfg.model.dtype)
+    if path.startswith("tiny:"):
+        from saocore.tiny_models import build_tiny_model
+
+        kind = path.split(":", 1)[1]
+        try:
+            model = build_tiny_model(kind, seed=cfg.run.seed, **cfg.model.tiny_overrides)
+        except ValueError as e:
+            raise ConfigError(f"model.path: {e}") from e
+        model = model.to(dtype)
+    else:
+        if not Path(path).is_dir():
+            raise ConfigError(
+                f"model.path: {path!r} is not a model directory; give a HF model dir (e.g. the SmolLM2 dir made by "
+                "`bash scripts/setup.sh`) or tiny:llama / tiny:moe"
+            )
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    if cfg.model.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    model.config.use_cache = False
+    return model
+
+
+def load_tokenizer(cfg: Config) -> Any:
+    """The tokenizer: ``model.tokenizer``, else the model dir, else (for ``tiny:*``) SmolLM2's."""
+    from transformers import AutoTokenizer
+
+    from saocore.paths import smollm2_dir
+
+    src = cfg.model.tokenizer
+    if src is None:
+        src = str(smollm2_dir()) if cfg.model.path.startswith("tiny:") else cfg.model.path
+    if not Path(src).is_dir():
+        raise ConfigError(
+            f"model.tokenizer: {src!r} is not a tokenizer directory; run `bash scripts/setup.sh` (SmolLM2) "
+            "or set model.tokenizer"
+        )
+    tok = AutoTokenizer.from_pretrained(src)
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+class ValueModel(nn.Module):
+    """A causal-LM backbone with a scalar head: ``values[b, t]`` is the value of the prefix ending at token t."""
+
+    def __init__(self, backbone: nn.Module, hidden_size: int) -> None:
+        super().__init__()
+        self.backbone = backbone
+        self.value_head = nn.Linear(hidden_size, 1)
+        # Small random weights (not zeros): with a zero head the first critic step could not reach the backbone.
+        nn.init.normal_(self.value_head.weight, std=0.02)
+        nn.init.zeros_(self.value_head.bias)
+
+    @property
+    def config(self) -> Any:
+        return self.backbone.config
+
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
+        hidden = out.last_hidden_state.to(self.value_head.weight.dtype)
+        return self.value_head(hidden).squeeze(-1).float()
+
+    def save(self, out_dir: str | Path, state: dict[str, torch.Tensor] | None = None) -> None:
+        """Write the backbone (HF format) and the head (safetensors) so ``critic.init`` can load it."""
+        from safetensors.torch import save_file
+
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        sd = state if state is not None else self.state_dict()
+        backbone_sd = {k[len("backbone.") :]: v for k, v in sd.items() if k.startswith("backbone.")}
+        self.backbone.save_pretrained(out, state_dict=backbone_sd, safe_serialization=True)
+        head = {k[len("value_head.") :]: v.contiguous() for k, v in sd.items() if k.startswith("value_head.")}
+        save_file(head, str(out / VALUE_HEAD_FILE))
+        (out / CRITIC_MARKER).write_text(json.dumps({"format": "sao-critic-v1"}))
+
+
+def _backbone_of(lm: nn.Module) -> nn.Module:
+    prefix = getattr(lm, "base_model_prefix", "model")
+    backbone = getattr(lm, prefix, None)
+    if backbone is None:
+        raise ConfigError(f"critic: cannot find the backbone ({prefix!r}) of {type(lm).__name__}")
+    return backbone
+
+
+def is_critic_checkpoint(path: str | Path) -> bool:
+    return (Path(path) / CRITIC_MARKER).is_file()
+
+
+def load_critic(cfg: Config, actor: nn.Module) -> ValueModel:
+    """The critic from ``critic.init``: the actor's weights, a value-pretraining checkpoint, or a HF model dir."""
+    from transformers import AutoModel
+
+    init, dtype = cfg.critic.init, _torch_dtype(cfg.model.dtype)
+    if init == "actor":
+        backbone = copy.deepcopy(_backbone_of(actor))
+        critic = ValueModel(backbone, actor.config.hidden_size)
+    else:
+        p = Path(init)
+        if not p.is_dir():
+            raise ConfigError(
+                f"critic.init: {init!r} is neither 'actor' nor a directory; use 'actor', a checkpoint written by "
+                "`sao pretrain-value`, or a HF model dir"
+            )
+        backbone = AutoModel.from_pretrained(str(p), dtype=dtype)
+        critic = ValueModel(backbone, backbone.config.hidden_size)
+        if is_critic_checkpoint(p):
+            from safetensors.torch import load_file
+
+            critic.value_head.load_state_dict(load_file(str(p / VALUE_HEAD_FILE)))
+    critic = critic.to(dtype)
+    critic.value_head.float()  # a bf16 scalar head loses the small value differences GAE depends on
+    if cfg.critic.freeze_attention:
+        freeze_attention(critic)
+    return critic
+
+
+def attention_param_names(model: nn.Module) -> list[str]:
+    """Names of every attention parameter, found by module type: modules whose class name ends with
+    ``Attention`` (their q/k/v/o projections and q/k norms) and the norms that feed them (``input_layernorm``)."""
+    names: set[str] = set()
+    found = False
+    for mod_name, mod in model.named_modules():
+        if not type(mod).__name__.endswith("Attention"):
+            continue
+        found = True
+        for p_name, _ in mod.named_parameters():
+            names.add(f"{mod_name}.{p_name}" if mod_name else p_name)
+        parent_name = mod_name.rsplit(".", 1)[0] if "." in mod_name else ""
+        parent = model.get_submodule(parent_name) if parent_name else model
+        for child_name, child in parent.named_children():
+            if child_name in _PRE_ATTENTION_NORMS:
+                for p_name, _ in child.named_parameters():
+                    names.add(f"{parent_name}.{child_name}.{p_name}" if parent_name else f"{child_name}.{p_name}")
+    if not found:
+        raise ConfigError(
+            f"critic.freeze_attention: no attention modules (class names ending in 'Attention') in "
+            f"{type(model).__name__}; set critic.freeze_attention=false or use a transformers decoder model"
+        )
+    return sorted(names)
+
+
+def freeze_attention(model: nn.Module) -> list[str]:
+    """Set ``requires_grad=False`` on every attention parameter (see ``attention_param_names``); return them."""
+    names = attention_param_names(model)
+    params = dict(model.named_parameters())
+    for n in names:
+        params[n].requires_grad_(False)
+    return names
+
+
+def token_logprobs(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor | None = None,
+    with_entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``logp[b, t] = log p(input_ids[b, t] | tokens < t)`` (0 at t = 0), float32, and optionally the entropy of
+    the same next-token distribution."""
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).logits
+    logits = logits[:, :-1].float()
+    logp_all = torch.log_softmax(logits, dim=-1)
+    target = input_ids[:, 1:].unsqueeze(-1)
+    logp = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
+    logp[:, 1:] = logp_all.gather(-1, target).squeeze(-1)
+    ent = None
+    if with_entropy:
+        ent = torch.zeros_like(logp)
+        ent[:, 1:] = -(logp_all.exp() * logp_all).sum(-1).detach()
+    return logp, ent
+
+
+def shifted_values(values: torch.Tensor) -> torch.Tensor:
+    """Align critic outputs with tokens: ``V[:, t]`` = value of the prefix BEFORE token t (the state in which the
+    token was sampled), i.e. the head output at t - 1."""
+    out = torch.zeros_like(values)
+    out[:, 1:] = values[:, :-1]
+    return out
