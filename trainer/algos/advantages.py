@@ -70,7 +70,7 @@ def _compact_index(mask: torch.Tensor, seq_ids: torch.Tensor | None) -> tuple[to
     count = torch.cumsum(mask, 1, dtype=torch.int32)  # inclusive number of masked tokens so far in the row
     if seq_ids is None:
         n_groups = b
-        length = int(count[:, -1].max()) if t else 0
+        length = int(count[:, -1].max()) if b and t else 0
         fi = count.long()
         fi += (torch.arange(b, device=mask.device) * length - 1)[:, None]
     else:
