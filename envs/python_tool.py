@@ -136,13 +136,13 @@ class PythonToolEnv(ToolEnv):
             made = self._factory()
         else:
             from sandboxes.config import SandboxConfig
-            from sandboxes.factory import make_sandbox  # type: ignore[import-not-found,unused-ignore]
+            from sandboxes.factory import make_sandbox, sandbox_config_from_dict
 
             cfg = self._sandbox_cfg
             if cfg is None:
                 cfg = SandboxConfig(backend="bwrap")
             elif isinstance(cfg, dict):
-                cfg = SandboxConfig(**{"backend": "bwrap", **cfg})
+                cfg = sandbox_config_from_dict({"backend": "bwrap", **cfg})
             made = make_sandbox(cfg)
         if inspect.isawaitable(made):
             made = await made
