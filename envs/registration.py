@@ -6,6 +6,7 @@ New envs register the same way with ``register_env`` (see docs/register_env.md).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import gymnasium
@@ -16,10 +17,17 @@ _DESCRIPTIONS: dict[str, str] = {}
 
 
 def register_env(
-    env_id: str, entry_point: str, description: str, *, nondeterministic: bool = False, **kwargs: Any
+    env_id: str,
+    entry_point: str | Callable[..., gymnasium.Env[Any, Any]],
+    description: str,
+    *,
+    nondeterministic: bool = False,
+    **kwargs: Any,
 ) -> None:
-    """Register ``env_id`` (``"sao/Name-v0"``) lazily; ``kwargs`` become the constructor's defaults.
+    """Register ``env_id`` (``"sao/Name-v0"``); ``kwargs`` become the constructor's defaults.
 
+    ``entry_point`` is ``"module:Class"`` (imported only at ``gymnasium.make``: registration stays cheap) or the
+    class itself.
     Registering an id again replaces it (so re-importing a module that registers is harmless).
     """
     if gymnasium.registry.get(env_id) is not None:
