@@ -1,0 +1,112 @@
+"""RolloutWorker: concurrency bound, streaming to callback/queue/JSONL, crashes become infra_error, pause/stop."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from agent_fakes import CharChatMLTokenizer, ScriptedEnv
+
+from agent.engines.scripted import ScriptedEngine
+from agent.records import read_jsonl
+from agent.rollout import RolloutConfig, RolloutWorker
+
+TOK = CharChatMLTokenizer()
+
+
+def two_turn_env(fail: bool = False) -> ScriptedEnv:
+    return ScriptedEnv([("o1", 0.0, False, False, {}), ("o2", 1.0, True, False, {})], fail_on_step=0 if fail else None)
+
+
+class CountingEngine(ScriptedEngine):
+    def __init__(self) -> None:
+        super().__init__([TOK.encode("a") + [2]], delay_s=0.02)
+        self.active = self.peak = 0
+
+    async def generate(self, prompt_ids, sampling):  # type: ignore[no-untyped-def]
+        self.active += 1
+        self.peak = max(self.peak, self.active)
+        try:
+            return await super().generate(prompt_ids, sampling)
+        finally:
+            self.active -= 1
+
+
+async def test_runs_all_tasks_concurrently_within_the_bound(tmp_path: Path) -> None:
+    engine = CountingEngine()
+    envs: list[ScriptedEnv] = []
+
+    def factory() -> ScriptedEnv:
+        envs.append(two_turn_env())
+        return envs[-1]
+
+    seen = []
+    worker = RolloutWorker(
+        factory, engine, TOK, RolloutConfig(concurrency=3, progress=False), out_path=tmp_path / "t.jsonl"
+    )
+    tasks = [{"task_id": f"t{i}"} for i in range(10)]
+    stats = await worker.run(tasks, on_trajectory=seen.append)
+    assert stats.episodes == 10 and stats.by_status == {"ok": 10} and stats.reward_sum == 10.0
+    assert engine.peak == 3
+    assert sorted(t.task_id for t in seen) == sorted(t["task_id"] for t in tasks)
+    on_disk = list(read_jsonl(tmp_path / "t.jsonl"))
+    assert [t.task_id for t in on_disk] == [t.task_id for t in seen]
+    assert all(e.closed for e in envs)
+    assert envs[0].reset_kwargs["options"]["task"]["task_id"].startswith("t")
+    assert 0.0 <= stats.agent_overhead < 1.0
+
+
+async def test_a_crashing_episode_becomes_infra_error_and_the_run_goes_on() -> None:
+    n = {"i": 0}
+
+    def factory() -> ScriptedEnv:
+        n["i"] += 1
+        return two_turn_env(fail=n["i"] == 2)
+
+    q: asyncio.Queue = asyncio.Queue()
+    worker = RolloutWorker(factory, ScriptedEngine([[40, 2]]), TOK, RolloutConfig(concurrency=1, progress=False))
+    stats = await worker.run(range(4), on_trajectory=q)
+    assert stats.by_status == {"ok": 3, "infra_error": 1}
+    bad = [t for t in (q.get_nowait() for _ in range(4)) if t.status == "infra_error"]
+    assert "scripted env crash" in bad[0].info["infra_error"] and bad[0].segments == ()
+
+
+async def test_pause_holds_new_episodes_and_stop_ends_an_endless_stream() -> None:
+    worker = RolloutWorker(
+        two_turn_env, ScriptedEngine([[40, 2]], delay_s=0.01), TOK, RolloutConfig(concurrency=2, progress=False)
+    )
+
+    def endless():  # type: ignore[no-untyped-def]
+        i = 0
+        while True:
+            yield i
+            i += 1
+
+    got: list = []
+    run = asyncio.create_task(worker.run(endless(), on_trajectory=got.append))
+    while len(got) < 4:
+        await asyncio.sleep(0.005)
+    worker.pause()
+    await asyncio.sleep(0.2)  # episodes in flight finish
+    n = len(got)
+    await asyncio.sleep(0.2)
+    assert len(got) == n  # nothing new started while paused
+    worker.resume()
+    while len(got) < n + 2:
+        await asyncio.sleep(0.005)
+    worker.stop()
+    stats = await asyncio.wait_for(run, timeout=10)
+    assert stats.episodes >= n + 2
+
+
+async def test_a_failing_callback_stops_the_run_and_raises() -> None:
+    def boom(t) -> None:  # type: ignore[no-untyped-def]
+        raise OSError("disk full")
+
+    worker = RolloutWorker(two_turn_env, ScriptedEngine([[40, 2]]), TOK, RolloutConfig(concurrency=1, progress=False))
+    try:
+        await worker.run(range(5), on_trajectory=boom)
+    except OSError as e:
+        assert "disk full" in str(e)
+    else:
+        raise AssertionError("the callback error was swallowed")
