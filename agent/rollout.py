@@ -18,7 +18,7 @@ import asyncio
 import inspect
 import time
 import traceback
-from collections.abc import AsyncIterable, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterable, Awaitable, Callable, Iterable, Sized
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -159,7 +159,7 @@ class RolloutWorker:
         """Run every task (until exhausted or ``stop()``); return the stats of this worker so far."""
         if self.out_path is not None:
             self.out_path.parent.mkdir(parents=True, exist_ok=True)
-        if total is None and hasattr(tasks, "__len__"):
+        if total is None and isinstance(tasks, Sized):
             total = len(tasks)
         slots = asyncio.Semaphore(self.cfg.concurrency)
         in_flight: set[asyncio.Task[None]] = set()

@@ -20,7 +20,7 @@ def two_turn_env(fail: bool = False) -> ScriptedEnv:
 
 class CountingEngine(ScriptedEngine):
     def __init__(self) -> None:
-        super().__init__([TOK.encode("a") + [2]], delay_s=0.02)
+        super().__init__([[*TOK.encode("a"), 2]], delay_s=0.02)
         self.active = self.peak = 0
 
     async def generate(self, prompt_ids, sampling):  # type: ignore[no-untyped-def]
