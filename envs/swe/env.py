@@ -1,0 +1,206 @@
+"""``SWEEnv`` (``sao/SWE-v0``): repair a repository from a SWE-bench-format instance; graded by the swebench harness.
+
+An episode: a DockerSandbox (no network) from the instance's image, the repo at ``/testbed``; the user message is
+the problem statement; the tools are ``bash``, ``str_replace_editor`` and ``submit``. On ``submit`` (or when a
+limit ends the episode) the env takes ``git diff`` of the repo against ``base_commit`` (new files included, test
+files excluded), runs the instance's eval script in a FRESH container from the same image with that patch applied
+(``envs.swe.grading.grade_patch``) and grades the log with ``swebench.harness.grading.get_eval_report``.
+Reward 1.0 if resolved else 0.0; ``info["report"]`` is the swebench report of the instance plus the graded patch.
+A Docker failure (sandbox or grader) ends the episode with ``info["infra_error"]``, never a reward of 0.
+
+Tasks: ``reset(options={"task": record})`` or drawn by seed from ``tasks`` (a JSONL/JSON path or a list of
+records). Records are validated up front (``ValueError`` naming the field). Our offline tasks come from
+``sao tasks build`` / ``envs.swe.tasks.ensure_offline_tasks``; official SWE-bench Verified records name their
+published images, which are pulled when missing and a registry is reachable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import dataclasses
+import shlex
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from envs.base import Grade, ToolEnv
+from envs.protocols import Tool
+from envs.tools.bash import BashTool
+from envs.tools.editor import EditorTool
+from envs.tools.submit import SubmitTool
+from sandboxes.config import SandboxConfig
+from sandboxes.protocols import ImageNotFoundError, Sandbox, SandboxError
+
+REPO_DIR = "/testbed"
+# Our images keep deps in /opt/venv, official SWE-bench images in the conda env "testbed": both go first on PATH.
+PATH = (
+    "/opt/venv/bin:/opt/miniconda3/envs/testbed/bin:/opt/miniconda3/bin:"
+    "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+)
+TEST_PATHSPECS = (
+    ":(glob,exclude)**/tests/**",
+    ":(glob,exclude)**/test/**",
+    ":(glob,exclude)**/testing/**",
+    ":(glob,exclude)**/test_*.py",
+    ":(glob,exclude)**/*_test.py",
+    ":(glob,exclude)**/conftest.py",
+)
+SYSTEM_PROMPT = (
+    "You are a software engineer fixing a bug in the repository at /testbed (a git repository; its Python "
+    "environment is already on PATH, with no network access). Use the bash tool to explore and run tests and the "
+    "str_replace_editor tool to edit files. Change library code, not the tests. When the fix is done, call submit; "
+    "your working-tree changes (git diff) are what gets graded by running the project's tests."
+)
+
+
+class SWEEnv(ToolEnv):
+    """One SWE-bench-format instance per episode in a Docker sandbox (see the module docstring)."""
+
+    def __init__(
+        self,
+        tasks: str | Path | list[dict[str, Any]] | None = None,
+        *,
+        sandbox: SandboxConfig | dict[str, Any] | None = None,
+        grade_timeout_s: float = 1800.0,
+        tool_timeout_s: float = 180.0,
+        max_steps: int = 50,
+        max_wall_s: float = 3600.0,
+        **limits: Any,
+    ) -> None:
+        super().__init__(max_steps=max_steps, max_wall_s=max_wall_s, **limits)
+        from envs.swe.tasks.instance import load_instances, validate_instance
+
+        if tasks is None:
+            self._tasks: list[dict[str, Any]] = []
+        elif isinstance(tasks, str | Path):
+            self._tasks = load_instances(tasks)
+        else:
+            self._tasks = [validate_instance(t) for t in tasks]
+        if sandbox is None:
+            sandbox = SandboxConfig(backend="docker", mem_limit="4g", cpus=2.0, pids_limit=1024)
+        elif isinstance(sandbox, dict):
+            from sandboxes.factory import sandbox_config_from_dict
+
+            sandbox = sandbox_config_from_dict(sandbox)
+        if sandbox.backend != "docker":
+            raise ValueError(f"SWEEnv needs sandbox.backend='docker' (instances are images), got {sandbox.backend!r}")
+        self.sandbox_cfg = sandbox
+        self.grade_timeout_s = float(grade_timeout_s)
+        self.tool_timeout_s = float(tool_timeout_s)
+        self._sandbox: Sandbox | None = None
+        self._task: dict[str, Any] | None = None
+
+    # ---- ToolEnv hooks -------------------------------------------------------------------------------------
+    def sample_task(self, rng: np.random.Generator) -> Any:
+        if not self._tasks:
+            raise ValueError(
+                "SWEEnv has no task list: pass tasks=<jsonl path or records> or reset(options={'task': ...})"
+            )
+        return self._tasks[int(rng.integers(len(self._tasks)))]
+
+    def parse_task(self, task: Any) -> dict[str, Any]:
+        from envs.swe.tasks.instance import validate_instance
+
+        return copy.deepcopy(validate_instance(task))
+
+    def task_info(self, task: Any) -> dict[str, Any]:
+        return {"task_id": task["instance_id"], "image": task["image"]}
+
+    def system_prompt(self) -> str:
+        return SYSTEM_PROMPT
+
+    def task_prompt(self, task: Any) -> str:
+        return (
+            f"<issue>\n{task['problem_statement'].strip()}\n</issue>\n\n"
+            f"The repository is checked out at {REPO_DIR}. Fix the issue, then call submit."
+        )
+
+    async def setup(self, task: Any) -> None:
+        self._task = task
+        image = task["image"]
+        await asyncio.to_thread(_ensure_image, image, task["instance_id"])
+        from sandboxes.factory import make_sandbox
+
+        env = {"PATH": PATH, **self.sandbox_cfg.env}
+        cfg = dataclasses.replace(self.sandbox_cfg, image=image, workdir=REPO_DIR, env=env)
+        self._sandbox = await make_sandbox(cfg)
+
+    def tools(self) -> list[Tool]:
+        assert self._sandbox is not None
+        return [
+            BashTool(self._sandbox, workdir=REPO_DIR, timeout=self.tool_timeout_s),
+            EditorTool(self._sandbox, workdir=REPO_DIR),
+            SubmitTool("Submit your changes to the repository (its git diff) for grading; ends the episode."),
+        ]
+
+    async def teardown(self) -> None:
+        sb, self._sandbox = self._sandbox, None
+        if sb is not None:
+            await sb.close()
+
+    async def grade(self, submission: dict[str, Any]) -> Grade:
+        return await self._grade_repo()
+
+    async def on_truncation(self, reason: str) -> Grade | None:
+        return await self._grade_repo()
+
+    # ---- grading -------------------------------------------------------------------------------------------
+    async def current_patch(self) -> str:
+        """The repo's changes against ``base_commit`` (new files included, test files excluded), as a patch."""
+        assert self._sandbox is not None and self._task is not None
+        base = shlex.quote(self._task["base_commit"])
+        specs = " ".join(shlex.quote(s) for s in TEST_PATHSPECS)
+        cmd = (
+            f"cd {REPO_DIR} && git add -A >/dev/null && "
+            f"(git rev-parse -q --verify {base}^{{commit}} >/dev/null && b={base} || b=HEAD) && "
+            f"git -c core.fileMode=false diff --cached --binary $b -- . {specs}"
+        )
+        res = await self._sandbox.exec(cmd, timeout=120)
+        if res.exit_code != 0:
+            raise SandboxError(f"`git diff` failed in the sandbox (exit {res.exit_code}): {res.output[-500:]}")
+        if res.truncated:
+            raise SandboxError("the repo diff is larger than the sandbox output cap; raise output_cap_bytes")
+        return res.output
+
+    async def _grade_repo(self) -> Grade:
+        from envs.swe.grading import GradingInfraError, grade_patch
+
+        assert self._task is not None
+        patch = await self.current_patch()
+        task = self._task
+        try:
+            result = await asyncio.to_thread(grade_patch, task, patch, timeout=self.grade_timeout_s)
+        except GradingInfraError as e:
+            raise SandboxError(str(e)) from e
+        report = dict(result.report.get(task["instance_id"], {}))
+        report.update({"instance_id": task["instance_id"], "model_patch": patch, "grading_s": result.seconds})
+        return Grade(reward=1.0 if result.resolved else 0.0, solved=result.resolved, report=report)
+
+
+def _ensure_image(image: str, instance_id: str) -> None:
+    """Make sure ``image`` is on the Docker host: present, or pulled for a published (registry) image."""
+    import docker
+
+    from sandboxes.docker import get_client
+
+    client = get_client(None)
+    try:
+        client.images.get(image)
+        return
+    except docker.errors.ImageNotFound:
+        pass
+    except docker.errors.DockerException as e:
+        raise SandboxError(f"Docker failed while looking up image {image}: {e}") from e
+    if image.startswith("sao-swe-"):
+        raise ImageNotFoundError(
+            f"task {instance_id}: image {image} is not on the Docker host; rebuild it with "
+            "`envs.swe.tasks.ensure_task_images(records)` (or `sao tasks build`)"
+        )
+    try:
+        client.images.pull(image)
+    except docker.errors.DockerException as e:
+        raise ImageNotFoundError(
+            f"task {instance_id}: image {image} is neither local nor pullable ({e}); pull or build it first"
+        ) from e

@@ -1,0 +1,141 @@
+"""Grade a patch on a SWE-bench-format instance the way the official harness does, in a fresh container.
+
+Steps (mirroring ``swebench.harness.run_evaluation.run_instance``): start a container from the instance image,
+apply the patch with the harness's ``git apply`` / ``patch`` fallbacks, run the spec's eval script, and grade the
+log with ``swebench.harness.grading.get_eval_report``. Differences on purpose: the container has no network
+(the harness gives bridge networking and SYS_ADMIN), and Docker failures raise ``GradingInfraError`` instead of
+being logged, so callers can tell "the infrastructure broke" from "the patch is wrong".
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import tarfile
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+APPLY_CMDS = (
+    "git apply --verbose /tmp/patch.diff",
+    "git apply --verbose --3way /tmp/patch.diff",
+    "patch --batch --forward --fuzz=5 -p1 -i /tmp/patch.diff",
+)
+
+
+class GradingInfraError(RuntimeError):
+    """Docker or the image failed while grading: an infrastructure error, never a verdict on the patch."""
+
+
+@dataclass(frozen=True)
+class GradeResult:
+    resolved: bool
+    report: dict[str, Any]
+    log: str = ""
+    seconds: float = 0.0
+    applied: bool = True
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _put(container: Any, path: str, text: str) -> None:
+    data = text.encode()
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tf:
+        info = tarfile.TarInfo(os.path.basename(path))
+        info.size = len(data)
+        info.mode = 0o755
+        info.mtime = int(time.time())
+        tf.addfile(info, io.BytesIO(data))
+    if not container.put_archive(os.path.dirname(path), buf.getvalue()):
+        raise GradingInfraError(f"could not copy {path} into the grading container")
+
+
+def _exec(container: Any, cmd: str, timeout: float) -> tuple[int, str]:
+    res = container.exec_run(["timeout", "-k", "5", str(int(timeout)), "bash", "-c", cmd], workdir="/testbed")
+    return int(res.exit_code), res.output.decode(errors="replace")
+
+
+def grade_patch(
+    instance: dict[str, Any],
+    patch: str,
+    *,
+    timeout: float = 1800,
+    client: Any = None,
+    mem_limit: str = "4g",
+) -> GradeResult:
+    """Apply ``patch`` in a fresh container of ``instance["image"]``, run its eval script, grade the log."""
+    import docker
+    from swebench.harness.grading import get_eval_report
+    from swebench.harness.utils import make_test_spec
+
+    from envs.swe.tasks.instance import validate_instance
+
+    validate_instance(instance)
+    spec = make_test_spec(instance)
+    iid = spec.instance_id
+    pred = {"instance_id": iid, "model_name_or_path": "sao", "model_patch": patch}
+    if not patch.strip():
+        # The harness skips empty predictions as unresolved without starting a container; so do we.
+        report = {iid: {"patch_is_None": False, "patch_exists": False, "resolved": False, "empty_patch": True}}
+        return GradeResult(False, report, applied=False)
+    t0 = time.monotonic()
+    container = None
+    try:
+        client = client or docker.from_env(timeout=int(timeout) + 60)
+        try:
+            client.images.get(spec.image)
+        except docker.errors.ImageNotFound as e:
+            raise GradingInfraError(
+                f"image {spec.image} of task {iid} is not present; build it (`sao tasks build`, or "
+                "`envs.swe.tasks.ensure_task_images`) or pull it from a reachable registry"
+            ) from e
+        container = client.containers.run(
+            spec.image,
+            command=["sleep", "infinity"],
+            detach=True,
+            network_mode="none",
+            mem_limit=mem_limit,
+            labels={"sao.owner_pid": str(os.getpid()), "sao.role": "swe-grader"},
+        )
+        _put(container, "/tmp/patch.diff", patch if patch.endswith("\n") else patch + "\n")
+        applied, apply_log = False, ""
+        for i, cmd in enumerate(APPLY_CMDS):
+            if i:
+                _exec(container, "git checkout -- . && git clean -fdq", 60)
+            code, apply_log = _exec(container, cmd, 120)
+            if code == 0:
+                applied = True
+                break
+        if not applied:
+            report = {
+                iid: {
+                    "patch_is_None": False,
+                    "patch_exists": True,
+                    "patch_successfully_applied": False,
+                    "resolved": False,
+                }
+            }
+            return GradeResult(False, report, log=apply_log, seconds=time.monotonic() - t0, applied=False)
+        _put(container, "/eval.sh", spec.eval_script)
+        code, log = _exec(container, "/bin/bash /eval.sh", timeout)
+        if code in (124, 137) and ">>>>> End Test Output" not in log:
+            log += f"\n\nTimeout error: {timeout} seconds exceeded."
+        with tempfile.TemporaryDirectory(prefix="sao-grade-") as tmp:
+            log_path = Path(tmp) / "test_output.txt"
+            log_path.write_text(log)
+            report = get_eval_report(
+                test_spec=spec, prediction=pred, test_log_path=str(log_path), include_tests_status=True
+            )
+        return GradeResult(bool(report[iid]["resolved"]), report, log=log, seconds=time.monotonic() - t0)
+    except GradingInfraError:
+        raise
+    except docker.errors.DockerException as e:
+        raise GradingInfraError(f"Docker failed while grading {iid}: {e}") from e
+    finally:
+        if container is not None:
+            try:
+                container.remove(force=True)
+            except Exception:
+                pass

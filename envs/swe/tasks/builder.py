@@ -1,0 +1,270 @@
+"""Build offline SWE tasks from a PyPI sdist: baseline run, AST mutations, validation, instance records.
+
+Design: the bug lives in the task image. Each task image is the package's repo image plus one commit that applies
+the mutation, so ``/testbed`` HEAD (= ``base_commit``) is the buggy state and ``patch`` (the fix) is the reverse of
+the mutation. The official harness and ``SWEEnv`` both just start the task image; nothing is applied at reset.
+
+A candidate bug is kept only if, run on the test files that mention the mutated function, at least one baseline-
+passing test fails with the bug and passes without it, and it breaks at most ``max_f2p`` tests. ``PASS_TO_PASS`` is
+the other baseline-passing tests of the files holding the failing ones; the eval script runs only those files.
+With ``verify`` each kept task is graded once with its gold patch through ``envs.swe.grading`` (must resolve).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import re
+import sys
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from envs.swe.tasks import fetch, images, instance
+from envs.swe.tasks.mutations import OPERATORS, Mutation, is_valid, mutations
+from envs.swe.tasks.runner import FAILING, BuilderContainer, failure_excerpts
+
+
+@dataclass
+class BuildConfig:
+    """What ``sao tasks build`` builds. ``bugs`` is per sdist."""
+
+    sdists: list[str]
+    bugs: int = 5
+    out: Path | None = None
+    max_candidates: int = 200
+    workers: int = 2
+    seed: int = 0
+    operators: tuple[str, ...] = OPERATORS
+    max_f2p: int = 20
+    max_test_files: int = 3
+    verify: bool = True
+    extra_test_deps: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.bugs < 1:
+            raise ValueError(f"bugs={self.bugs}: ask for at least 1 bug per sdist")
+        if not 1 <= self.workers <= 8:
+            raise ValueError(f"workers={self.workers}: use 1..8 builder containers (2 on a 2-core machine)")
+        if not self.sdists:
+            raise ValueError("no sdist given; pass e.g. --sdist click==8.5.1")
+
+
+@dataclass
+class _Candidate:
+    mutation: Mutation
+    test_files: list[str]
+
+
+Log = Callable[[str], None]
+
+
+def _stderr(msg: str) -> None:
+    print(f"[sao tasks] {msg}", file=sys.stderr, flush=True)
+
+
+def _relevant_tests(mut: Mutation, tests: dict[str, str], limit: int) -> list[str]:
+    """Test files that mention the mutated function or its enclosing function/class (dunders skipped), files
+    naming more of them and files named after the module first."""
+    names = [p for p in mut.function.split(".") if not (p.startswith("__") and p.endswith("__"))]
+    stem = Path(mut.path).stem.lstrip("_")
+    words = [re.compile(rf"\b{re.escape(n)}\b") for n in names]
+    scored = [(sum(bool(w.search(text)) for w in words), f) for f, text in tests.items()]
+    hits = [(n, f) for n, f in scored if n]
+    hits.sort(key=lambda x: (-x[0], stem not in Path(x[1]).stem, x[1]))
+    return [f for _, f in hits[:limit]]
+
+
+def _candidates(sources: dict[str, str], tests: dict[str, str], cfg: BuildConfig) -> list[_Candidate]:
+    """Round-robin over operators, shuffled by seed, so a small budget still yields varied bugs."""
+    rng = random.Random(cfg.seed)
+    by_op: dict[str, list[_Candidate]] = {op: [] for op in cfg.operators}
+    for path, text in sorted(sources.items()):
+        try:
+            muts = list(mutations(text, path, cfg.operators, validate=False))
+        except SyntaxError:
+            continue
+        memo: dict[str, list[str]] = {}
+        for m in muts:
+            if m.function not in memo:
+                memo[m.function] = _relevant_tests(m, tests, cfg.max_test_files)
+            files = memo[m.function]
+            if files:
+                by_op[m.operator].append(_Candidate(m, files))
+    for lst in by_op.values():
+        rng.shuffle(lst)
+    out: list[_Candidate] = []
+    while any(by_op.values()):
+        for op in cfg.operators:
+            if by_op[op]:
+                out.append(by_op[op].pop())
+    return out
+
+
+@dataclass
+class _Found:
+    mutation: Mutation
+    bug_patch: str
+    fix_patch: str
+    f2p: list[str]
+    p2p: list[str]
+    eval_files: list[str]
+    excerpts: list[tuple[str, list[str]]]
+
+
+def _try(box: BuilderContainer, cand: _Candidate, baseline: dict[str, str], cfg: BuildConfig) -> _Found | None:
+    """Apply one mutation in ``box``; return the task if it meets the keep rule. Always leaves the tree clean."""
+    m = cand.mutation
+    if not is_valid(m.source):
+        return None
+    try:
+        box.write(m.path, m.source)
+        quick = box.pytest(cand.test_files, "-x -q --tb=no", timeout=60)
+        if quick.exit_code != 1:  # 0: survived; 2+: collection/usage error; 124: timeout
+            return None
+        run = box.pytest(cand.test_files, "--tb=short", timeout=180)
+        if run.exit_code != 1:
+            return None
+        f2p = sorted(t for t, s in run.status.items() if s in FAILING and baseline.get(t) == "PASSED")
+        if not 1 <= len(f2p) <= cfg.max_f2p:
+            return None
+        eval_files = sorted({t.split("::")[0] for t in f2p})
+        p2p = sorted(
+            t
+            for t, s in baseline.items()
+            if s == "PASSED" and t.split("::")[0] in eval_files and t not in f2p and run.status.get(t) == "PASSED"
+        )
+        # Every baseline-passing test of the eval files must be accounted for (F2P or still passing).
+        expected = {t for t, s in baseline.items() if s == "PASSED" and t.split("::")[0] in eval_files}
+        if expected != set(f2p) | set(p2p):
+            return None
+        bug_patch = box.check("git diff")
+        fix_patch = box.check("git diff -R --src-prefix=b/ --dst-prefix=a/")  # -R swaps the prefixes back
+        return _Found(m, bug_patch, fix_patch, f2p, p2p, eval_files, failure_excerpts(run.output))
+    finally:
+        box.reset()
+
+
+def _record(spec: fetch.SdistSpec, task_image: str, base_commit: str, found: _Found) -> dict[str, Any]:
+    digest = hashlib.sha256(found.fix_patch.encode()).hexdigest()[:8]
+    m = found.mutation
+    return {
+        "instance_id": f"pypi__{spec.slug}-{spec.version}-{digest}",
+        "repo": f"pypi/{spec.name}",
+        "version": spec.version,
+        "base_commit": base_commit,
+        "environment_setup_commit": base_commit,
+        "problem_statement": instance.problem_statement(spec.name, found.f2p, found.excerpts),
+        "hints_text": "",
+        "patch": found.fix_patch,
+        "test_patch": "",
+        "FAIL_TO_PASS": found.f2p,
+        "PASS_TO_PASS": found.p2p,
+        "image": task_image,
+        "eval_script": instance.eval_script(base_commit, found.eval_files),
+        "log_parser": "parse_log_pytest",
+        "eval_type": "pass_and_fail",
+        "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "sao_mutation": {"operator": m.operator, "path": m.path, "function": m.function, "description": m.description},
+    }
+
+
+def build_for_sdist(spec_text: str, cfg: BuildConfig, client: Any, log: Log = _stderr) -> list[dict[str, Any]]:
+    from envs.swe.grading import grade_patch
+    from saocore.setup import ensure_base_image
+
+    spec = fetch.SdistSpec.parse(spec_text)
+    t0 = time.monotonic()
+    sdist = fetch.fetch_sdist(spec)
+    wheels = fetch.fetch_wheels(spec, sdist, cfg.extra_test_deps)
+    test_deps = [*fetch.ALWAYS_TEST_DEPS, *fetch.KNOWN_TEST_DEPS.get(spec.name, []), *cfg.extra_test_deps]
+    repo_image = images.ensure_repo_image(spec, sdist, wheels, ensure_base_image(), test_deps)
+    log(f"{spec}: repo image {repo_image} ready ({time.monotonic() - t0:.0f}s)")
+    boxes = [BuilderContainer(client, repo_image) for _ in range(cfg.workers)]
+    try:
+        src_files, test_files = boxes[0].tracked_python_files()
+        if not test_files:
+            raise RuntimeError(f"{spec}: the sdist ships no test files (test_*.py); pick a package that does")
+        base = boxes[0].pytest(test_files, "-q --tb=no", timeout=1800)
+        baseline = base.status
+        n_pass = sum(s == "PASSED" for s in baseline.values())
+        log(f"{spec}: baseline {n_pass} passing of {len(baseline)} tests in {base.seconds:.0f}s")
+        if n_pass == 0:
+            raise RuntimeError(f"{spec}: no test passes in the baseline run:\n{base.output[-2000:]}")
+        sources = {f: boxes[0].read(f) for f in src_files}
+        tests = {f: boxes[0].read(f) for f in test_files}
+        cands = _candidates(sources, tests, cfg)[: cfg.max_candidates]
+        log(f"{spec}: {len(cands)} candidate mutations to try")
+        found: list[_Found] = []
+        lock = threading.Lock()
+        taken: set[tuple[str, str]] = set()
+        queue = list(cands)
+        tried = [0]
+
+        def work(box: BuilderContainer) -> None:
+            while True:
+                with lock:
+                    if len(found) >= cfg.bugs or not queue:
+                        return
+                    cand = queue.pop(0)
+                    key = (cand.mutation.path, cand.mutation.function)
+                    if key in taken:
+                        continue
+                    tried[0] += 1
+                res = _try(box, cand, baseline, cfg)
+                with lock:
+                    if res and key not in taken and len(found) < cfg.bugs:
+                        taken.add(key)
+                        found.append(res)
+                        log(
+                            f"{spec}: bug {len(found)}/{cfg.bugs} after {tried[0]} tries: "
+                            f"{res.mutation.operator} in {res.mutation.function}, {len(res.f2p)} failing test(s)"
+                        )
+
+        with ThreadPoolExecutor(len(boxes)) as pool:
+            for fut in [pool.submit(work, b) for b in boxes]:
+                fut.result()
+    finally:
+        for b in boxes:
+            b.close()
+    records = []
+    for f in found:
+        task_image = images.ensure_task_image(repo_image, f.bug_patch)
+        rec = _record(spec, task_image, _head_of(client, task_image), f)
+        if cfg.verify:
+            g = grade_patch(rec, rec["patch"], client=client)
+            if not g.resolved:
+                log(f"{spec}: dropping {rec['instance_id']}: its gold patch did not resolve it in a fresh container")
+                continue
+        records.append(rec)
+        if cfg.out is not None:
+            instance.append_instance(cfg.out, rec)
+    log(f"{spec}: {len(records)} task(s) in {time.monotonic() - t0:.0f}s")
+    return records
+
+
+def _head_of(client: Any, image: str) -> str:
+    out = client.containers.run(image, ["git", "-C", "/testbed", "rev-parse", "HEAD"], remove=True, network_mode="none")
+    return str(out.decode().strip())
+
+
+def build_tasks(cfg: BuildConfig, log: Log = _stderr) -> list[dict[str, Any]]:
+    """Build ``cfg.bugs`` validated tasks for each sdist in ``cfg.sdists`` (appending to ``cfg.out`` as made)."""
+    import docker
+
+    from saocore.setup import ensure_docker
+
+    ensure_docker()
+    client = docker.from_env(timeout=1800)
+    try:
+        out: list[dict[str, Any]] = []
+        for s in cfg.sdists:
+            out += build_for_sdist(s, cfg, client, log)
+        return out
+    finally:
+        client.close()

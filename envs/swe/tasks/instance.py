@@ -1,0 +1,149 @@
+"""SWE-bench-format instance records: the eval script, the issue-like problem statement, validation, JSONL I/O."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+from pathlib import Path
+from typing import Any
+
+REQUIRED_FIELDS = (
+    "instance_id",
+    "repo",
+    "version",
+    "base_commit",
+    "problem_statement",
+    "patch",
+    "test_patch",
+    "FAIL_TO_PASS",
+    "PASS_TO_PASS",
+    "image",
+    "eval_script",
+    "log_parser",
+    "eval_type",
+)
+EVAL_TIMEOUT_S = 900
+
+
+def eval_script(base_commit: str, test_files: list[str]) -> str:
+    """The bash script the swebench harness runs in the instance container (patch already applied).
+    Test files are restored from ``base_commit`` first so a patch that edits tests cannot change the verdict."""
+    files = " ".join(shlex.quote(f) for f in test_files)
+    return "\n".join(
+        [
+            "#!/bin/bash",
+            "set -uxo pipefail",
+            "export PATH=/opt/venv/bin:$PATH PYTHONDONTWRITEBYTECODE=1 COLUMNS=200",
+            "cd /testbed",
+            "git config --global --add safe.directory /testbed",
+            "git status",
+            f"git -c core.fileMode=false diff {base_commit}",
+            f"git checkout {base_commit} -- {files}",
+            ": '>>>>> Start Test Output'",
+            f"timeout {EVAL_TIMEOUT_S} python -m pytest -p no:cacheprovider -rA --tb=short {files}",
+            ": '>>>>> End Test Output'",
+            f"git checkout {base_commit} -- {files}",
+            "",
+        ]
+    )
+
+
+def problem_statement(package: str, f2p: list[str], excerpts: list[tuple[str, list[str]]]) -> str:
+    """An issue as a user would file it: what fails, which tests, the error messages. Never the patch."""
+    first = f2p[0].split("::")[-1]
+    more = f" and {len(f2p) - 1} other test{'s' if len(f2p) > 2 else ''}" if len(f2p) > 1 else ""
+    lines = [
+        f"`{first}`{more} fail in {package}",
+        "",
+        f"Running the test suite of {package} at the current commit, these tests fail:",
+        "",
+        *[f"- `{t}`" for t in f2p[:15]],
+    ]
+    if len(f2p) > 15:
+        lines.append(f"- ... and {len(f2p) - 15} more")
+    if excerpts:
+        lines += ["", "The errors look like this:", ""]
+        for title, errs in excerpts:
+            lines += [f"`{title}`:", "```", *errs, "```", ""]
+    lines += [
+        "",
+        "Expected: these tests pass, and the rest of the suite keeps passing. The tests describe the intended "
+        "behaviour; the bug is in the library code.",
+    ]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _as_list(value: Any, field: str, iid: str) -> list[str]:
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"task {iid!r}: field {field} is a string but not a JSON list ({e})") from e
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ValueError(f"task {iid!r}: field {field} must be a list of test ids (or a JSON string of one)")
+    return value
+
+
+def validate_instance(record: Any) -> dict[str, Any]:
+    """Check a SWE-bench-format record; raise ``ValueError`` naming what is missing or wrong and how to fix it."""
+    if not isinstance(record, dict):
+        raise ValueError(f"a task record must be a JSON object (dict), got {type(record).__name__}")
+    iid = str(record.get("instance_id", "<no instance_id>"))
+    missing = [f for f in REQUIRED_FIELDS if f not in record]
+    if missing:
+        raise ValueError(
+            f"task {iid!r} lacks field(s) {', '.join(missing)}; a SWE-bench-format instance needs "
+            f"{', '.join(REQUIRED_FIELDS)} (build one with `sao tasks build`, or use an official instance)"
+        )
+    for field in ("instance_id", "image", "eval_script", "log_parser", "eval_type", "repo", "base_commit"):
+        if not isinstance(record[field], str) or not record[field].strip():
+            raise ValueError(f"task {iid!r}: field {field} must be a non-empty string")
+    f2p = _as_list(record["FAIL_TO_PASS"], "FAIL_TO_PASS", iid)
+    _as_list(record["PASS_TO_PASS"], "PASS_TO_PASS", iid)
+    if not f2p:
+        raise ValueError(f"task {iid!r}: FAIL_TO_PASS is empty, so no patch could ever be graded as a fix")
+    if ">>>>> Start Test Output" not in record["eval_script"] or ">>>>> End Test Output" not in record["eval_script"]:
+        raise ValueError(f"task {iid!r}: eval_script lacks the '>>>>> Start/End Test Output' markers the grader needs")
+    from swebench.harness.constants import EvalType
+    from swebench.harness.log_parsers import PARSER_REGISTRY
+
+    if record["log_parser"] not in PARSER_REGISTRY:
+        raise ValueError(f"task {iid!r}: unknown log_parser {record['log_parser']!r}; e.g. parse_log_pytest")
+    if record["eval_type"] not in {e.value for e in EvalType}:
+        raise ValueError(f"task {iid!r}: eval_type must be one of {[e.value for e in EvalType]}")
+    return record
+
+
+def load_instances(path: str | Path) -> list[dict[str, Any]]:
+    """Read and validate a JSONL (or JSON list) of instances; errors name the file and line."""
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"task file {p} does not exist; build one with `sao tasks build --out {p}`")
+    text = p.read_text()
+    if p.suffix == ".json":
+        data = json.loads(text)
+        records = data if isinstance(data, list) else [data]
+        return [validate_instance(r) for r in records]
+    out = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{p}:{n}: not valid JSON ({e})") from e
+        try:
+            out.append(validate_instance(rec))
+        except ValueError as e:
+            raise ValueError(f"{p}:{n}: {e}") from e
+    return out
+
+
+def append_instance(path: Path, record: dict[str, Any]) -> None:
+    """Append one record durably (flushed and fsynced) so an interrupted build keeps what it made."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        f.write(json.dumps(record) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
