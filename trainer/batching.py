@@ -1,4 +1,4 @@
-"""Trajectories -> padded ``[B, T]`` tensors for the learner (``trainer.batch.collate`` when present)."""
+"""The learner's view of a batch: the ``[B, T]`` tensors of ``trainer.batch.collate`` it uses, row-sliceable."""
 
 from __future__ import annotations
 
@@ -29,42 +29,10 @@ class TrainBatch:
 _FIELDS = ("input_ids", "attention_mask", "action_mask", "rollout_logprobs", "rewards", "position_ids")
 
 
-def _own_collate(trajs: list[Trajectory], pad_token_id: int) -> TrainBatch:
-    t_max = max(1, max(t.num_tokens for t in trajs))
-    b = len(trajs)
-    ids = torch.full((b, t_max), pad_token_id, dtype=torch.long)
-    attn = torch.zeros((b, t_max), dtype=torch.long)
-    act = torch.zeros((b, t_max), dtype=torch.bool)
-    lp = torch.zeros((b, t_max), dtype=torch.float32)
-    rew = torch.zeros((b, t_max), dtype=torch.float32)
-    for i, tr in enumerate(trajs):
-        pos = 0
-        last_action_end = -1
-        for seg in tr.segments:
-            n = len(seg.token_ids)
-            ids[i, pos : pos + n] = torch.tensor(seg.token_ids, dtype=torch.long)
-            if seg.kind == "action" and n:
-                act[i, pos : pos + n] = True
-                lp[i, pos : pos + n] = torch.tensor(seg.logprobs or (), dtype=torch.float32)
-                if seg.reward is not None:
-                    rew[i, pos + n - 1] += float(seg.reward)
-                last_action_end = pos + n - 1
-            pos += n
-        attn[i, :pos] = 1
-        seg_rewards = sum(float(s.reward or 0.0) for s in tr.action_segments)
-        # Envs that only report a trajectory reward: it goes on the last action token.
-        if last_action_end >= 0 and abs(seg_rewards - tr.reward) > 1e-9:
-            rew[i, last_action_end] += tr.reward - seg_rewards
-    pos_ids = (attn.cumsum(-1) - 1).clamp(min=0)
-    return TrainBatch(ids, attn, act, lp, rew, pos_ids)
-
-
 def collate(trajs: list[Trajectory], pad_token_id: int) -> TrainBatch:
-    """Use the core-math helper's ``trainer.batch.collate`` when it exists, else the local one."""
-    try:
-        from trainer.batch import collate as core_collate  # type: ignore[import-not-found, unused-ignore]
-    except ImportError:
-        return _own_collate(trajs, pad_token_id)
+    """``trainer.batch.collate`` (one right-padded row per trajectory, reward on the last action token)."""
+    from trainer.batch import collate as core_collate
+
     b = core_collate(trajs, pad_token_id)
     return TrainBatch(
         b.input_ids,

@@ -330,7 +330,7 @@ def save_config(cfg: Config, path: str | Path) -> None:
 
 
 # Fields that may change between a run and its resume without changing what is being trained.
-RESUME_MUTABLE = {"run.total_steps", "run.progress", "run.plot", "run.tensorboard", "run.wandb_project"}
+RESUME_MUTABLE = {"run.dir", "run.total_steps", "run.progress", "run.plot", "run.tensorboard", "run.wandb_project"}
 
 
 def config_diff(a: Config, b: Config) -> list[str]:

@@ -16,7 +16,6 @@ from trainer.algos.losses import value_loss
 from trainer.algos.registry import AdvantageInputs, PolicyLossInputs, get_advantage, get_policy_loss
 from trainer.batching import TrainBatch, collate
 from trainer.config import Config, ConfigError
-from trainer.local_engine import restrict_logits
 from trainer.models import shifted_values
 
 # algorithm -> (advantage estimator, policy loss) in the core-math registries.
@@ -106,10 +105,20 @@ class Learner:
 
     def _logp(self, b: TrainBatch, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         out = self.actor(input_ids=b.input_ids, attention_mask=b.attention_mask, position_ids=b.position_ids)
-        logits = restrict_logits(out.logits[:, :-1].float(), self.allowed)
+        logits = out.logits[:, :-1].float()
+        target = b.input_ids[:, 1:]
+        if self.allowed is not None:
+            # Sampling was restricted to these ids: the policy is the softmax over their logits alone (the same
+            # distribution as masking the rest to -inf, without a full-vocabulary softmax). Targets outside the
+            # set are prompt/observation tokens, whose logprob is never used.
+            allowed = self.allowed.to(logits.device)
+            logits = logits.index_select(-1, allowed)
+            lookup = torch.zeros(out.logits.shape[-1], dtype=torch.long, device=logits.device)
+            lookup[allowed] = torch.arange(allowed.numel(), device=logits.device)
+            target = lookup[target]
         logp_all = torch.log_softmax(logits, -1)
         logp = torch.zeros(b.input_ids.shape, dtype=torch.float32, device=self.device)
-        logp[:, 1:] = logp_all.gather(-1, b.input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+        logp[:, 1:] = logp_all.gather(-1, target.unsqueeze(-1)).squeeze(-1)
         ent = None
         if with_entropy:
             probs = logp_all.detach().exp()
@@ -198,7 +207,11 @@ class Learner:
             if b is micro[-1] and self.cfg.deepspeed.zero_stage == 0:
                 gn_actor = _grad_norm(self.actor)
             self.actor.step()  # DeepSpeed steps the optimizer only at the accumulation boundary
-            for k, v in {**{k: float(x) for k, x in lm.items()}, "entropy": ent_mean, "pg_loss": float(loss.detach())}.items():
+            for k, v in {
+                **{k: float(x) for k, x in lm.items()},
+                "entropy": ent_mean,
+                "pg_loss": float(loss.detach()),
+            }.items():
                 if k == "num_tokens" or not math.isfinite(v):
                     continue
                 sums[k] = sums.get(k, 0.0) + v * n_mb
@@ -214,7 +227,12 @@ class Learner:
             m.update(self._critic_steps(micro, old_values, rets, scale_base, n_total))
             ev_num = dist_utils.all_reduce_sum(_ev_parts(old_values, rets, micro))
             m["explained_variance"] = _ev_from_parts(ev_num)
-            m["advantage_mean"] = dist_utils.all_reduce_sum([sum(float((a * b.action_mask).sum()) for a, b in zip(advs, micro, strict=True))])[0] / n_total
+            m["advantage_mean"] = (
+                dist_utils.all_reduce_sum(
+                    [sum(float((a * b.action_mask).sum()) for a, b in zip(advs, micro, strict=True))]
+                )[0]
+                / n_total
+            )
         m["trained_tokens"] = n_total
         return m
 
@@ -246,7 +264,12 @@ class Learner:
         return adv, ret
 
     def _critic_steps(
-        self, micro: list[TrainBatch], old_values: list[torch.Tensor], rets: list[torch.Tensor], scale_base: float, n_total: float
+        self,
+        micro: list[TrainBatch],
+        old_values: list[torch.Tensor],
+        rets: list[torch.Tensor],
+        scale_base: float,
+        n_total: float,
     ) -> dict[str, float]:
         assert self.critic is not None
         losses: list[float] = []
@@ -292,7 +315,11 @@ class Learner:
         module = engine.module
         if self.cfg.deepspeed.zero_stage == 3:
             with deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=None):
-                sd = {k: v.detach().cpu().clone() for k, v in module.state_dict().items()} if dist_utils.rank() == 0 else None
+                sd = (
+                    {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
+                    if dist_utils.rank() == 0
+                    else None
+                )
             return sd
         return {k: v.detach().cpu().clone() for k, v in module.state_dict().items()} if dist_utils.rank() == 0 else None
 

@@ -45,7 +45,7 @@ def _discounted_reverse_cumsum(x: torch.Tensor, c: float) -> torch.Tensor:
         return x.clone()
     width = min(_CHUNK, n)
     nc = -(-n // width)
-    xp = torch.nn.functional.pad(x, (0, nc * width - n)).view(g, nc, width)
+    xp = (x if nc * width == n else torch.nn.functional.pad(x, (0, nc * width - n))).view(g, nc, width)
     ar = torch.arange(width, device=x.device, dtype=x.dtype)
     diff = ar[None, :] - ar[:, None]  # diff[k, j] = j - k
     inner = torch.where(diff >= 0, torch.pow(c, diff.clamp(min=0)), 0.0)  # c**0 == 1 even for c == 0
@@ -57,22 +57,26 @@ def _discounted_reverse_cumsum(x: torch.Tensor, c: float) -> torch.Tensor:
         heads = local[:, :, 0] @ outer.T  # final value at each chunk's first token
         nxt = torch.nn.functional.pad(heads[:, 1:], (0, 1))  # head of the following chunk, 0 after the last
         local = local + torch.pow(c, width - ar)[None, None, :] * nxt[:, :, None]
-    return local.reshape(g, nc * width)[:, :n]
+    out = local.reshape(g, nc * width)
+    return out if nc * width == n else out[:, :n].contiguous()
 
 
 def _compact_index(mask: torch.Tensor, seq_ids: torch.Tensor | None) -> tuple[torch.Tensor, int, int]:
-    """Where each masked token goes in a compact ``[G, L]`` table of sequences x masked-token rank.
+    """Where each masked token goes in a compact ``[G, W]`` table of sequences x masked-token rank.
 
-    Returns ``(flat_index [B*T] int64, G, L)``; unmasked tokens point at the dump slot ``G * L``. Built from a
-    row cumsum (no ``nonzero``), so it costs a few passes over ``[B, T]``.
+    ``W`` is the most masked tokens in one sequence plus at least one spare column, rounded up to the scan's
+    chunk width, so every row ends in zero padding and the table's last slot is never a real token: unmasked
+    tokens all point there (the dump slot). Returns ``(flat_index [B*T] int64, G, W)``. Built from a row cumsum
+    (no ``nonzero``): a few passes over ``[B, T]``.
     """
     b, t = mask.shape
     count = torch.cumsum(mask, 1, dtype=torch.int32)  # inclusive number of masked tokens so far in the row
     if seq_ids is None:
         n_groups = b
         length = int(count[:, -1].max()) if b and t else 0
-        fi = count.long()
-        fi += (torch.arange(b, device=mask.device) * length - 1)[:, None]
+        width = -(-(length + 1) // _CHUNK) * _CHUNK
+        index_dtype = torch.int32 if b * width < 2**31 else torch.int64
+        fi = count.to(index_dtype) + (torch.arange(b, device=mask.device, dtype=index_dtype) * width - 1)[:, None]
     else:
         if tuple(seq_ids.shape) != (b, t):
             raise ValueError(f"seq_ids must have shape {(b, t)}, got {tuple(seq_ids.shape)}")
@@ -86,9 +90,12 @@ def _compact_index(mask: torch.Tensor, seq_ids: torch.Tensor | None) -> tuple[to
         rank = count - before - 1
         n_groups = int(sid.max()) + 1 if sid.numel() else 0
         length = int(torch.where(mask, rank, -1).max()) + 1 if sid.numel() else 0
-        fi = sid * length + rank
-    fi.masked_fill_(~mask, n_groups * length)
-    return fi.view(-1), n_groups, length
+        width = -(-(length + 1) // _CHUNK) * _CHUNK
+        index_dtype = torch.int32 if n_groups * width < 2**31 else torch.int64
+        fi = (sid * width + rank).to(index_dtype)
+    # int32 indices when they fit: on CPU the int64 [B, T] passes cost several times more than the int32 ones
+    fi = torch.where(mask, fi, n_groups * width - 1)
+    return fi.view(-1), n_groups, width
 
 
 def _masked_gae(
@@ -101,30 +108,33 @@ def _masked_gae(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """GAE over the masked tokens only, each sequence's masked tokens treated as consecutive steps.
 
-    The masked tokens of every sequence are scattered into a compact ``[G, L]`` table (``L`` = most masked
-    tokens in one sequence), the recursion runs there, and the result is gathered back: memory is
-    O(B*T), and tokens off the mask can neither receive nor pass on anything.
+    The masked tokens of every sequence are scattered into a compact zero-padded ``[G, W]`` table, the
+    recursion runs there, and the result is gathered back: memory is O(B*T), and tokens off the mask can
+    neither receive nor pass on anything.
     """
     b, t = _check_same_shape(rewards=rewards, values=values, action_mask=mask)
     _check_gamma_lam(gamma, lam)
     out_dtype = torch.promote_types(values.dtype, torch.float32)
     m = mask.bool()
-    fi, n_groups, length = _compact_index(m, seq_ids)
-    dump = n_groups * length
-    if dump == 0:
+    fi, n_groups, width = _compact_index(m, seq_ids)
+    if n_groups == 0:
         zeros = torch.zeros(b, t, dtype=out_dtype, device=values.device)
         return zeros, zeros.clone()
-    vals = values.to(out_dtype).reshape(-1)
-    rc = torch.zeros(dump + 1, dtype=out_dtype, device=values.device).scatter_(0, fi, rewards.to(out_dtype).reshape(-1))
-    vc = torch.zeros(dump + 1, dtype=out_dtype, device=values.device).scatter_(0, fi, vals)
-    rcomp = rc[:dump].view(n_groups, length)
-    vcomp = vc[:dump].view(n_groups, length)
-    # V after a sequence's last masked token is 0: the compact table is zero-padded past it.
-    delta = rcomp + gamma * torch.nn.functional.pad(vcomp[:, 1:], (0, 1)) - vcomp
-    adv_c = _discounted_reverse_cumsum(delta, gamma * lam)
-    adv_ext = torch.nn.functional.pad(adv_c.reshape(-1), (0, 1))  # the dump slot reads 0
-    ret_ext = torch.nn.functional.pad((adv_c + vcomp).reshape(-1), (0, 1))
-    return adv_ext.gather(0, fi).view(b, t), ret_ext.gather(0, fi).view(b, t)
+    size = n_groups * width
+    rc = torch.zeros(size, dtype=out_dtype, device=values.device).scatter_(0, fi, rewards.to(out_dtype).reshape(-1))
+    vc = torch.zeros(size, dtype=out_dtype, device=values.device).scatter_(0, fi, values.to(out_dtype).reshape(-1))
+    rc[-1] = 0.0  # the dump slot took every unmasked token's value
+    vc[-1] = 0.0
+    rc, vc = rc.view(n_groups, width), vc.view(n_groups, width)
+    # V after a sequence's last masked token is 0: the table is zero-padded past it (W > most masked tokens).
+    delta = torch.empty_like(rc)
+    torch.add(rc[:, :-1], vc[:, 1:], alpha=gamma, out=delta[:, :-1])
+    delta[:, :-1] -= vc[:, :-1]
+    delta[:, -1] = 0.0
+    adv_c = _discounted_reverse_cumsum(delta, gamma * lam)  # 0 on every padding slot, the dump slot included
+    ret_c = adv_c + vc
+    # index_select, not gather: the same read, ~3x faster on CPU
+    return adv_c.view(-1).index_select(0, fi).view(b, t), ret_c.view(-1).index_select(0, fi).view(b, t)
 
 
 def skip_observation_gae(

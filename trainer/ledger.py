@@ -1,0 +1,124 @@
+"""RUN_DIR/trajectories.jsonl: every trajectory appended as it arrives, then its fate (trained / dropped) as events.
+
+Lines (JSON, fsynced):
+- ``{"type": "trajectory", "uid", "seq", "task_index", "status", "arrived_version", "trajectory": {...}}``
+- ``{"type": "event", "uid", "event": "trained" | "dropped_stale", "step", "version"}``
+- ``{"type": "resume", "from_step"}``: a run resumed from the checkpoint of ``from_step``; events of later steps
+  written before it belong to the lost branch and are void (their trajectories are pending again).
+
+``accounting`` replays the file: each trajectory has exactly one final state (trained, dropped_stale,
+infra_error or pending), so ``generated = trained + dropped_stale + infra_error + pending`` holds by construction
+and a trajectory trained twice is reported.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agent.records import Trajectory
+
+
+class Ledger:
+    """Append-only writer of trajectories.jsonl."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._f = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - held open for the run
+
+    def _write(self, rec: dict[str, Any]) -> None:
+        self._f.write(json.dumps(rec, default=str) + "\n")
+        self._f.flush()
+        os.fsync(self._f.fileno())
+
+    def arrived(self, uid: str, seq: int, task_index: int, traj: Trajectory, version: int) -> None:
+        self._write(
+            {
+                "type": "trajectory",
+                "uid": uid,
+                "seq": seq,
+                "task_index": task_index,
+                "status": traj.status,
+                "arrived_version": version,
+                "trajectory": traj.to_dict(),
+            }
+        )
+
+    def event(self, uids: list[str], event: str, step: int, version: int) -> None:
+        for uid in uids:
+            self._f.write(json.dumps({"type": "event", "uid": uid, "event": event, "step": step, "version": version}))
+            self._f.write("\n")
+        self._f.flush()
+        os.fsync(self._f.fileno())
+
+    def resume(self, from_step: int) -> None:
+        self._write({"type": "resume", "from_step": from_step})
+
+    def close(self) -> None:
+        self._f.close()
+
+
+@dataclass
+class Accounting:
+    generated: int = 0
+    trained: int = 0
+    dropped_stale: int = 0
+    infra_error: int = 0
+    pending: int = 0
+    double_trained: list[str] = field(default_factory=list)
+    pending_uids: list[str] = field(default_factory=list)
+    max_seq: int = -1
+    max_task_index: int = -1
+
+    def balanced(self) -> bool:
+        return self.generated == self.trained + self.dropped_stale + self.infra_error + self.pending
+
+
+def replay(path: str | Path) -> tuple[Accounting, dict[str, dict[str, Any]]]:
+    """Replay trajectories.jsonl; returns the accounting and the pending trajectory records by uid (in order).
+    A torn last line (a kill mid-write) is ignored."""
+    acc = Accounting()
+    records: dict[str, dict[str, Any]] = {}
+    events: list[tuple[str, str, int]] = []  # (uid, event, step)
+    p = Path(path)
+    if not p.exists():
+        return acc, {}
+    for line in p.read_text(encoding="utf-8").splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        kind = rec.get("type")
+        if kind == "trajectory":
+            records[rec["uid"]] = rec
+            acc.max_seq = max(acc.max_seq, int(rec["seq"]))
+            acc.max_task_index = max(acc.max_task_index, int(rec["task_index"]))
+        elif kind == "event":
+            events.append((rec["uid"], rec["event"], int(rec["step"])))
+        elif kind == "resume":
+            cut = int(rec["from_step"])
+            events = [e for e in events if e[2] <= cut]
+    trained_count: dict[str, int] = {}
+    final: dict[str, str] = {}
+    for uid, ev, _ in events:
+        final[uid] = ev
+        if ev == "trained":
+            trained_count[uid] = trained_count.get(uid, 0) + 1
+    acc.double_trained = sorted(u for u, c in trained_count.items() if c > 1)
+    pending: dict[str, dict[str, Any]] = {}
+    for uid, rec in records.items():
+        acc.generated += 1
+        if rec["status"] == "infra_error":
+            acc.infra_error += 1
+        elif final.get(uid) == "trained":
+            acc.trained += 1
+        elif final.get(uid) == "dropped_stale":
+            acc.dropped_stale += 1
+        else:
+            acc.pending += 1
+            pending[uid] = rec
+    acc.pending_uids = list(pending)
+    return acc, pending

@@ -1,0 +1,204 @@
+"""The rollout coordinator: episodes in flight with the current weights, a bounded buffer, staleness-checked batches.
+
+SAO mode: ``rollout.concurrency`` episodes run at all times and never wait for the trainer, except that a full
+buffer (``rollout.buffer_size`` finished, untaken trajectories) pauses new starts: that backpressure bounds how
+stale a trajectory can get. ``next_batch`` hands out the next ``batch_size`` trajectories the moment they exist,
+dropping (and recording) any whose oldest action segment is more than ``max_staleness`` versions behind.
+Group mode (GRPO): each task runs ``group_size`` times and a group enters the buffer only when all of it finished;
+``synchronous=True`` (grpo) starts a batch's groups only after the previous batch was trained and synced.
+Infra-error trajectories are recorded and never enter the buffer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from agent.records import Segment, Trajectory
+from trainer.ledger import Ledger
+
+
+@dataclass
+class Item:
+    uid: str
+    traj: Trajectory
+
+
+@dataclass
+class Counters:
+    generated: int = 0
+    infra_error: int = 0
+    dropped_stale: int = 0
+    trained: int = 0
+    episodes_started: int = 0
+    lags: list[int] = field(default_factory=list)
+
+
+class TaskSource:
+    """Task ``i`` -> (seed, reset options): a list of task records, or the env's own seeded sampler."""
+
+    def __init__(self, tasks: list[dict[str, Any]] | None, seed: int) -> None:
+        self.tasks, self.seed = tasks, seed
+
+    def get(self, index: int) -> tuple[int, dict[str, Any] | None, str | None]:
+        seed = self.seed * 1_000_003 + index
+        if not self.tasks:
+            return seed, None, None
+        task = self.tasks[index % len(self.tasks)]
+        return seed, {"task": task}, str(task.get("id", task.get("instance_id", index)))
+
+
+class Coordinator:
+    """Runs episodes on rank 0's event loop and feeds the learner (see module doc)."""
+
+    def __init__(
+        self,
+        run_episode: Callable[[int, int, dict[str, Any] | None, str | None], Any],
+        tasks: TaskSource,
+        ledger: Ledger,
+        *,
+        concurrency: int,
+        buffer_size: int,
+        max_staleness: int,
+        group_size: int = 1,
+        synchronous: bool = False,
+        cursor: int = 0,
+        seq: int = 0,
+    ) -> None:
+        self._run_episode = run_episode
+        self.tasks, self.ledger = tasks, ledger
+        self.concurrency, self.buffer_size, self.max_staleness = concurrency, buffer_size, max_staleness
+        self.group_size, self.synchronous = group_size, synchronous
+        self.cursor, self.seq = cursor, seq
+        self.version = 0
+        self.buffer: deque[Item] = deque()
+        self.counters = Counters()
+        self._in_flight = 0
+        self._changed = asyncio.Event()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._main: asyncio.Task[None] | None = None
+        self._sync_budget = 0  # synchronous mode: episodes the trainer allowed for the next batch
+        self._t0 = time.perf_counter()
+
+    # -- producer ------------------------------------------------------------------------------------------
+    def start(self) -> None:
+        self._main = asyncio.create_task(self._produce())
+
+    def restore(self, records: list[dict[str, Any]]) -> None:
+        """Put pending trajectories (from a resumed run's ledger) back into the buffer, in arrival order."""
+        for rec in records:
+            self.buffer.append(Item(rec["uid"], Trajectory.from_dict(rec["trajectory"])))
+
+    def _room(self) -> bool:
+        n = self.group_size
+        if self._in_flight + n > max(self.concurrency, n):
+            return False
+        if self.synchronous:
+            return self._sync_budget > 0
+        # Backpressure: finished + running episodes never exceed the buffer, so a full buffer pauses new starts.
+        return len(self.buffer) + self._in_flight + n <= max(self.buffer_size, n)
+
+    async def _produce(self) -> None:
+        while True:
+            while not self._room():
+                self._changed.clear()
+                await self._changed.wait()
+            index = self.cursor
+            self.cursor += 1
+            seed, options, task_id = self.tasks.get(index)
+            n = self.group_size
+            self._in_flight += n
+            if self.synchronous:
+                self._sync_budget -= n
+            task = asyncio.create_task(self._group(index, seed, options, task_id, n))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _one(self, index: int, seed: int, options: dict[str, Any] | None, task_id: str | None) -> Trajectory:
+        self.counters.episodes_started += 1
+        try:
+            traj: Trajectory = await self._run_episode(index, seed, options, task_id)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # the env/sandbox/engine failed: an infra error, never a reward
+            traj = Trajectory(
+                task_id or str(index),
+                "unknown",
+                (Segment("prompt", ()),),
+                0.0,
+                "infra_error",
+                info={"infra_error": f"{type(e).__name__}: {e}"},
+            )
+        return traj
+
+    async def _group(
+        self, index: int, seed: int, options: dict[str, Any] | None, task_id: str | None, n: int
+    ) -> None:
+        try:
+            trajs = await asyncio.gather(*(self._one(index, seed + k, options, task_id) for k in range(n)))
+        finally:
+            self._in_flight -= n
+        for traj in trajs:
+            if n > 1:
+                traj.info["sao_group"] = index
+            self._accept(index, traj)
+        self._changed.set()
+
+    def _accept(self, index: int, traj: Trajectory) -> None:
+        uid = uuid.uuid4().hex
+        self.ledger.arrived(uid, self.seq, index, traj, self.version)
+        self.seq += 1
+        self.counters.generated += 1
+        if traj.status == "infra_error":
+            self.counters.infra_error += 1
+            return
+        self.buffer.append(Item(uid, traj))
+
+    # -- consumer ------------------------------------------------------------------------------------------
+    def allow_next_batch(self, n: int) -> None:
+        """Synchronous mode: let the producer start ``n`` more episodes (the next batch)."""
+        self._sync_budget += n
+        self._changed.set()
+
+    def lag(self, traj: Trajectory) -> int:
+        oldest = traj.oldest_policy_version
+        return 0 if oldest is None else max(0, self.version - oldest)
+
+    async def next_batch(self, n: int, step: int) -> list[Item]:
+        """The next ``n`` fresh-enough trajectories (waits until they exist); stale ones are dropped and logged."""
+        out: list[Item] = []
+        while len(out) < n:
+            if self._main is not None and self._main.done():
+                self._main.result()  # surface a crashed producer instead of waiting forever
+            while not self.buffer:
+                self._changed.clear()
+                await self._changed.wait()
+            item = self.buffer.popleft()
+            self._changed.set()  # room in the buffer: the producer may start another episode
+            if self.lag(item.traj) > self.max_staleness:
+                self.counters.dropped_stale += 1
+                self.ledger.event([item.uid], "dropped_stale", step, self.version)
+                continue
+            out.append(item)
+        return out
+
+    def trained(self, items: list[Item], step: int) -> None:
+        self.counters.trained += len(items)
+        self.counters.lags = [self.lag(i.traj) for i in items]
+        self.ledger.event([i.uid for i in items], "trained", step, self.version)
+
+    async def stop(self) -> None:
+        for t in [self._main, *self._tasks]:
+            if t is not None:
+                t.cancel()
+        for t in [self._main, *self._tasks]:
+            if t is not None:
+                try:
+                    await t
+                except (asyncio.CancelledError, Exception):
+                    pass

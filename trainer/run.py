@@ -1,0 +1,450 @@
+"""`sao train`: set up a run directory, the learner on every rank and the rollout pipeline on rank 0, and train.
+
+Rank 0 runs an asyncio loop: the coordinator keeps episodes in flight while the learner step runs in a worker
+thread (torch releases the GIL), so generation and training overlap. Every learner action is a command that
+rank 0 broadcasts and all ranks execute in the same order (train / save / export / stop), which keeps the
+collective DeepSpeed calls in lockstep.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from agent.records import Trajectory
+from trainer import distributed as dist_utils
+from trainer.config import Config, ConfigError, config_diff, load_config, save_config
+from trainer.ledger import Ledger, replay
+from trainer.learner import Learner
+from trainer.metrics import MetricsWriter, plot_run
+from trainer.pipeline import Coordinator, Item, TaskSource
+
+STATE_FILE = "trainer_state.json"
+
+
+def _seed_all(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def _rng_state() -> dict[str, Any]:
+    return {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state().tolist(),
+    }
+
+
+def _set_rng_state(s: dict[str, Any]) -> None:
+    py = s["python"]
+    random.setstate((py[0], tuple(py[1]), py[2]))
+    np_state = s["numpy"]
+    np.random.set_state((np_state[0], np.array(np_state[1], dtype=np.uint32), *np_state[2:]))
+    torch.set_rng_state(torch.tensor(s["torch"], dtype=torch.uint8))
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    marker = run_dir / "checkpoints" / "latest"
+    if not marker.exists():
+        return None
+    p = run_dir / "checkpoints" / marker.read_text().strip()
+    return p if (p / STATE_FILE).exists() else None
+
+
+def prepare_run_dir(cfg: Config, resume: str | None) -> tuple[Config, Path, dict[str, Any] | None]:
+    """Check the run dir before any work: a new run needs a fresh dir; a resume needs the same config."""
+    if resume is None:
+        run_dir = Path(cfg.run.dir)
+        if (run_dir / "trajectories.jsonl").exists() or (run_dir / "config.yaml").exists():
+            raise ConfigError(
+                f"run.dir {str(run_dir)!r} already holds a run; continue it with `sao train --resume {run_dir}` "
+                "or set run.dir to a new directory"
+            )
+        return cfg, run_dir, None
+    run_dir = Path(resume)
+    saved_path = run_dir / "config.yaml"
+    if not saved_path.exists():
+        raise ConfigError(f"--resume {resume!r}: no config.yaml there; pass a RUN_DIR written by `sao train`")
+    saved = load_config(saved_path)
+    diff = config_diff(saved, cfg)
+    if diff:
+        raise ConfigError(
+            f"--resume {resume!r}: the config differs from the run's saved config in {diff}; resume with the "
+            f"saved config ({saved_path}) or start a new run.dir"
+        )
+    saved.run.total_steps = cfg.run.total_steps
+    saved.run.dir = str(run_dir)
+    ckpt = latest_checkpoint(run_dir)
+    state = json.loads((ckpt / STATE_FILE).read_text()) if ckpt else None
+    if state is not None:
+        state["_dir"] = str(ckpt)
+    return saved, run_dir, state
+
+
+def _load_tasks(cfg: Config) -> list[dict[str, Any]] | None:
+    src = cfg.env.tasks
+    if src is None:
+        return None
+    if src == "arithmetic":
+        from envs.datasets import arithmetic_tasks
+
+        return arithmetic_tasks(cfg.env.num_tasks, seed=cfg.run.seed)
+    p = Path(src)
+    if not p.is_file():
+        raise ConfigError(f"env.tasks: {src!r} is not a file; give a JSONL of task records, 'arithmetic' or null")
+    return [json.loads(ln) for ln in p.read_text().splitlines() if ln.strip()]
+
+
+def _allowed_ids(cfg: Config, tokenizer: Any) -> list[int] | None:
+    words = cfg.rollout.action_vocab
+    if not words:
+        return None
+    ids = []
+    for w in words:
+        toks = tokenizer.encode(str(w), add_special_tokens=False)
+        if len(toks) != 1:
+            raise ConfigError(f"rollout.action_vocab: {w!r} is {len(toks)} tokens; use words that are one token")
+        ids.append(int(toks[0]))
+    return ids
+
+
+class Trainer:
+    """Everything one rank needs; ``run()`` trains until ``run.total_steps``."""
+
+    def __init__(self, cfg: Config, run_dir: Path, state: dict[str, Any] | None) -> None:
+        from trainer.models import load_actor, load_critic, load_tokenizer
+
+        self.cfg, self.run_dir, self.state = cfg, run_dir, state
+        self.rank0 = dist_utils.rank() == 0
+        _seed_all(cfg.run.seed)
+        self.tokenizer = load_tokenizer(cfg)
+        self.allowed = _allowed_ids(cfg, self.tokenizer)
+        actor = load_actor(cfg)
+        critic = load_critic(cfg, actor) if cfg.uses_critic else None
+        self.engine_model = actor if self.rank0 else None
+        self.learner = Learner(cfg, actor, critic, int(self.tokenizer.pad_token_id))
+        if self.allowed:
+            self.learner.allowed = torch.tensor(self.allowed, dtype=torch.long)
+        self.step, self.version = 0, 0
+        if state is not None:
+            self.learner.load(Path(state["_dir"]))
+            self.step, self.version = int(state["step"]), int(state["version"])
+            self.learner.baseline.load_state_dict(state["baseline"])
+            _set_rng_state(state["rng"])
+
+    # -- commands executed by every rank in the same order ----------------------------------------------------
+    def execute(self, msg: dict[str, Any]) -> dict[str, Any]:
+        cmd = msg["cmd"]
+        if cmd == "train":
+            trajs = [Trajectory.from_dict(d) for d in msg["trajs"]]
+            return self.learner.train_step(trajs)
+        if cmd == "export":
+            sd = self.learner.gathered_state(self.learner.actor)
+            if sd is not None:
+                out = Path(msg["dir"])
+                self.learner.actor.module.save_pretrained(out, state_dict=sd, safe_serialization=True)
+            return {}
+        if cmd == "export_critic":
+            sd = self.learner.gathered_state(self.learner.critic)
+            if sd is not None:
+                self.learner.critic.module.save(Path(msg["dir"]), state=sd)
+            return {}
+        if cmd == "save":
+            self.learner.save(Path(msg["dir"]))
+            return {}
+        if cmd == "stop":
+            return {}
+        raise ValueError(f"unknown learner command {cmd!r}")
+
+    def follow(self) -> None:
+        """Ranks > 0: execute rank 0's commands until it says stop."""
+        while True:
+            msg = dist_utils.broadcast_object(None)
+            self.execute(msg)
+            if msg["cmd"] == "stop":
+                return
+
+    def lead(self, msg: dict[str, Any]) -> dict[str, Any]:
+        dist_utils.broadcast_object(msg)
+        return self.execute(msg)
+
+    # -- rank 0 -----------------------------------------------------------------------------------------------
+    def _make_engine(self) -> Any:
+        import copy
+
+        r = self.cfg.rollout
+        if r.engine == "hf":
+            if self.allowed:
+                from trainer.local_engine import LocalEngine
+
+                return LocalEngine(self.engine_model, self.allowed, version=self.version)  # type: ignore[arg-type]
+            from agent.engines.hf_engine import HFEngine
+
+            return HFEngine(copy.deepcopy(self.engine_model), tokenizer=self.tokenizer, version=self.version)
+        from agent.engines.vllm_engine import VLLMEngine
+
+        urls = list(r.vllm_urls)
+        if not urls:
+            from agent.engines.vllm_server import LocalVLLMServer
+
+            weights = self.run_dir / "weights" / f"v{self.version:06d}"
+            self.lead({"cmd": "export", "dir": str(weights)})
+            self.tokenizer.save_pretrained(weights)
+            self._server = LocalVLLMServer.start(
+                str(weights), log_path=str(self.run_dir / "vllm.log"), max_model_len=r.max_context_tokens
+            )
+            urls = [self._server.url]
+        return VLLMEngine(urls)
+
+    async def _sync_weights(self, engine: Any) -> float:
+        t0 = time.perf_counter()
+        out = self.run_dir / "weights" / f"v{self.version:06d}"
+        await asyncio.to_thread(self.lead, {"cmd": "export", "dir": str(out)})
+        await engine.update_weights(str(out), self.version)
+        olds = sorted((self.run_dir / "weights").glob("v*"))[:-2]  # the engine may still read the previous one
+        for old in olds:
+            shutil.rmtree(old, ignore_errors=True)
+        return time.perf_counter() - t0
+
+    def _save(self, coord: Coordinator) -> None:
+        name = f"step_{self.step:06d}"
+        ckpt = self.run_dir / "checkpoints" / name
+        self.lead({"cmd": "save", "dir": str(ckpt)})
+        state = {
+            "step": self.step,
+            "version": self.version,
+            "cursor": coord.cursor,
+            "seq": coord.seq,
+            "buffer_uids": [i.uid for i in coord.buffer],
+            "baseline": self.learner.baseline.state_dict(),
+            "rng": _rng_state(),
+            "counters": {
+                "generated": coord.counters.generated,
+                "trained": coord.counters.trained,
+                "dropped_stale": coord.counters.dropped_stale,
+                "infra_error": coord.counters.infra_error,
+            },
+        }
+        tmp = ckpt / (STATE_FILE + ".tmp")
+        tmp.write_text(json.dumps(state, default=_json_default))
+        os.replace(tmp, ckpt / STATE_FILE)  # the state file last: a checkpoint without it is incomplete
+        marker = self.run_dir / "checkpoints" / "latest"
+        marker.with_suffix(".tmp").write_text(name)
+        os.replace(marker.with_suffix(".tmp"), marker)
+        done = sorted(p for p in (self.run_dir / "checkpoints").glob("step_*") if (p / STATE_FILE).exists())
+        for old in done[: -self.cfg.run.keep_checkpoints]:
+            shutil.rmtree(old, ignore_errors=True)
+
+    async def lead_run(self) -> dict[str, Any]:
+        from agent.loop import AgentConfig, run_episode
+
+        cfg, t = self.cfg, self.cfg.trainer
+        ledger = Ledger(self.run_dir / "trajectories.jsonl")
+        metrics = MetricsWriter(self.run_dir, cfg.run.tensorboard, cfg.run.wandb_project)
+        acc, pending = replay(ledger.path)
+        if self.state is not None:
+            ledger.resume(self.step)
+            metrics.truncate_after(self.step)
+            acc, pending = replay(ledger.path)
+        engine = self._make_engine()
+        if self.state is not None and self.version > 0:
+            await self._sync_weights(engine)
+        agent_cfg = AgentConfig(
+            max_context_tokens=cfg.rollout.max_context_tokens,
+            max_action_tokens=cfg.rollout.max_tokens,
+            max_turns=cfg.rollout.max_turns,
+            temperature=cfg.rollout.temperature,
+        )
+
+        async def episode(index: int, seed: int, options: dict[str, Any] | None, task_id: str | None) -> Any:
+            import gymnasium
+
+            import envs  # noqa: F401 - registers the sao/ envs
+
+            env: Any = gymnasium.make(cfg.env.id, **cfg.env.kwargs).unwrapped
+            try:
+                return await run_episode(env, engine, self.tokenizer, agent_cfg, task_id=task_id, seed=seed, options=options)
+            finally:
+                closer = getattr(env, "aclose", None)
+                if closer is not None:
+                    await closer()
+                else:
+                    env.close()
+
+        grouped = t.algorithm in ("grpo", "grpo_dis")
+        coord = Coordinator(
+            episode,
+            TaskSource(_load_tasks(cfg), cfg.run.seed),
+            ledger,
+            concurrency=cfg.rollout.concurrency,
+            buffer_size=max(cfg.rollout.buffer_size, t.batch_size),
+            max_staleness=0 if t.algorithm == "grpo" else t.max_staleness,
+            group_size=t.group_size if grouped else 1,
+            synchronous=t.algorithm == "grpo",
+            cursor=max(int(self.state["cursor"]) if self.state else 0, acc.max_task_index + 1),
+            seq=acc.max_seq + 1,
+        )
+        coord.version = self.version
+        coord.restore(list(pending.values()))
+        coord.counters.generated, coord.counters.trained = acc.generated, acc.trained
+        coord.counters.dropped_stale, coord.counters.infra_error = acc.dropped_stale, acc.infra_error
+        if coord.synchronous:
+            coord.allow_next_batch(max(0, t.batch_size - len(coord.buffer)))
+        coord.start()
+        progress = _Progress(cfg.run.total_steps, self.step, enabled=cfg.run.progress)
+        t_run = time.perf_counter()
+        gen0 = coord.counters.generated
+        last: dict[str, Any] = {}
+        try:
+            while self.step < cfg.run.total_steps:
+                t0 = time.perf_counter()
+                items: list[Item] = await coord.next_batch(t.batch_size, self.step + 1)
+                t1 = time.perf_counter()
+                msg = {"cmd": "train", "trajs": [i.traj.to_dict() for i in items]}
+                m = await asyncio.to_thread(self.lead, msg)
+                t2 = time.perf_counter()
+                self.step += 1
+                coord.trained(items, self.step)
+                self.version += 1
+                coord.version = self.version
+                sync_s = 0.0
+                if self.version % t.sync_every == 0:
+                    sync_s = await self._sync_weights(engine)
+                if coord.synchronous:
+                    coord.allow_next_batch(t.batch_size)
+                t3 = time.perf_counter()
+                last = self._step_metrics(m, items, coord, t0, t1, t2, t3, sync_s, t_run, gen0)
+                metrics.write(self.step, last)
+                progress.update(self.step, last)
+                if self.step % cfg.run.save_every == 0 or self.step == cfg.run.total_steps:
+                    await asyncio.to_thread(self._save, coord)
+        finally:
+            progress.close()
+            await coord.stop()
+            await engine.close()
+            server = getattr(self, "_server", None)
+            if server is not None:
+                server.stop()
+            ledger.close()
+            metrics.close()
+        final = self.run_dir / "final"
+        await asyncio.to_thread(self.lead, {"cmd": "export", "dir": str(final / "actor")})
+        self.tokenizer.save_pretrained(final / "actor")
+        if self.learner.critic is not None:
+            await asyncio.to_thread(self.lead, {"cmd": "export_critic", "dir": str(final / "critic")})
+        self.lead({"cmd": "stop"})
+        if cfg.run.plot:
+            plot_run(self.run_dir)
+        return last
+
+    def _step_metrics(
+        self,
+        m: dict[str, Any],
+        items: list[Item],
+        coord: Coordinator,
+        t0: float,
+        t1: float,
+        t2: float,
+        t3: float,
+        sync_s: float,
+        t_run: float,
+        gen0: int,
+    ) -> dict[str, Any]:
+        trajs = [i.traj for i in items]
+        lags = coord.counters.lags or [0]
+        elapsed = max(t3 - t_run, 1e-9)
+        solved = [bool(tr.info.get("solved", tr.reward > 0)) for tr in trajs]
+        out = {
+            "version": self.version,
+            "reward_mean": float(np.mean([tr.reward for tr in trajs])),
+            "success_rate": float(np.mean(solved)),
+            "policy_lag_mean": float(np.mean(lags)),
+            "policy_lag_max": int(max(lags)),
+            "dropped_stale": coord.counters.dropped_stale,
+            "infra_errors": coord.counters.infra_error,
+            "generated": coord.counters.generated,
+            "trained_trajectories": coord.counters.trained,
+            "buffer": len(coord.buffer),
+            "trajectories_per_s": (coord.counters.generated - gen0) / elapsed,
+            "trained_tokens_per_s": float(m.get("trained_tokens", 0.0)) / max(t2 - t1, 1e-9),
+            "trainer_idle_frac": (t1 - t0) / max(t3 - t0, 1e-9),
+            "step_s": t3 - t0,
+            "weight_sync_s": sync_s,
+            "action_tokens_mean": float(np.mean([sum(len(s.token_ids) for s in tr.action_segments) for tr in trajs])),
+        }
+        out.update(m)
+        return out
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    if isinstance(o, tuple):
+        return list(o)
+    return str(o)
+
+
+class _Progress:
+    """A live one-line progress display (rich) with step, reward, success and speed."""
+
+    def __init__(self, total: int, done: int, enabled: bool) -> None:
+        self._p: Any = None
+        if not enabled:
+            return
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self._p = Progress(
+            TextColumn("[bold]sao train"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("{task.description}"),
+            transient=False,
+        )
+        self._p.start()
+        self._task = self._p.add_task("waiting for the first batch", total=total, completed=done)
+
+    def update(self, step: int, m: dict[str, Any]) -> None:
+        if self._p is None:
+            return
+        desc = (
+            f"reward {m['reward_mean']:.3f}  success {m['success_rate']:.2f}  "
+            f"lag {m['policy_lag_mean']:.1f}  idle {m['trainer_idle_frac']:.2f}  {m['step_s']:.1f}s/step"
+        )
+        self._p.update(self._task, completed=step, description=desc)
+
+    def close(self) -> None:
+        if self._p is not None:
+            self._p.stop()
+
+
+def train(config_path: str | None, overrides: list[str] | None = None, resume: str | None = None) -> Path:
+    """Validate, then train. ``config_path`` may be None with ``resume`` (the run's saved config is used)."""
+    if config_path is None and resume is None:
+        raise ConfigError("give a config file (sao train configs/toy.yaml) or --resume RUN_DIR")
+    if config_path is None:
+        config_path = str(Path(resume or "") / "config.yaml")
+    cfg = load_config(config_path, overrides)
+    cfg, run_dir, state = prepare_run_dir(cfg, resume)
+    if resume is not None and state is None:
+        raise ConfigError(f"--resume {resume!r}: no complete checkpoint in {run_dir}/checkpoints; start a new run")
+    dist_utils.init_distributed()
+    trainer = Trainer(cfg, run_dir, state)
+    if trainer.rank0:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        save_config(cfg, run_dir / "config.yaml")
+        asyncio.run(trainer.lead_run())
+    else:
+        trainer.follow()
+    dist_utils.barrier()
+    return run_dir
