@@ -81,7 +81,9 @@ class SandboxConfig:
         if not isinstance(self.cpus, int | float) or self.cpus <= 0:
             raise ValueError(f"sandbox.cpus: must be a positive number of cores, got {self.cpus!r}")
         if not isinstance(self.pids_limit, int) or self.pids_limit < 8:
-            raise ValueError(f"sandbox.pids_limit: must be an integer >= 8 (a shell needs a few), got {self.pids_limit!r}")
+            raise ValueError(
+                f"sandbox.pids_limit: must be an integer >= 8 (a shell needs a few), got {self.pids_limit!r}"
+            )
         if not self.network or not isinstance(self.network, str):
             raise ValueError(f"sandbox.network: must be 'none' or a Docker network name, got {self.network!r}")
         if self.backend == "bwrap" and self.network not in ("none", "host"):

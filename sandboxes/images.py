@@ -209,7 +209,9 @@ def build_image(
     return tag
 
 
-def build_image_from_dir(context_dir: Path | str, dockerfile_text: str, tag_prefix: str, docker_host: str | None = None) -> str:
+def build_image_from_dir(
+    context_dir: Path | str, dockerfile_text: str, tag_prefix: str, docker_host: str | None = None
+) -> str:
     """``build_image`` with a whole host directory as the build context (the Dockerfile is given as text)."""
     root = Path(context_dir)
     if not root.is_dir():
@@ -234,7 +236,9 @@ def build_task_image(
 def pip_offline_lines(wheels_in_context: str, requirements: Iterable[str], python: str = "python3") -> list[str]:
     """Dockerfile lines installing ``requirements`` from wheels copied into the image, with no index.
     ``requirements`` are pip arguments (``"pytest==8.3.2"``, ``"-e /testbed"``). The venv at /opt/venv goes
-    first on PATH (Debian's system pip refuses installs outside a venv)."""
+    first on PATH (Debian's system pip refuses installs outside a venv). The venv costs a few seconds per build:
+    put these lines before ``COPY repo ...`` when the requirements do not need the repository, so that Docker's
+    layer cache keeps them across rebuilds of a changed repository."""
     reqs = " ".join(requirements)
     return [
         f"COPY {wheels_in_context} /wheels",

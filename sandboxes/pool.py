@@ -128,7 +128,7 @@ class WarmPool:
         if isinstance(item, BaseException):
             self._leases.release()
             raise item
-        item._on_close = lambda sb=item: self._returned(sb)  # type: ignore[misc]
+        item._on_close = lambda sb=item: self._returned(sb)
         self._leased.add(item)
         self._wake.set()
         return item

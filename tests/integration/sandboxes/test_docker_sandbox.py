@@ -113,7 +113,7 @@ async def test_container_killed_mid_exec_raises_sandbox_error(docker_cfg: Sandbo
         task = asyncio.create_task(sb.exec("sleep 30", timeout=60))
         await asyncio.sleep(1.0)
         await asyncio.to_thread(docker_client.api.kill, sb.id)
-        with pytest.raises(SandboxError, match="stopped while a command ran|gone"):
+        with pytest.raises(SandboxError, match=r"stopped while a command ran|gone"):
             await asyncio.wait_for(task, 20)
         with pytest.raises(SandboxError):
             await sb.exec("echo hi", timeout=5)
@@ -121,7 +121,9 @@ async def test_container_killed_mid_exec_raises_sandbox_error(docker_cfg: Sandbo
         await sb.close()
 
 
-async def test_unreachable_daemon_raises_unavailable(docker_cfg: SandboxConfig, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_unreachable_daemon_raises_unavailable(
+    docker_cfg: SandboxConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
     url = f"tcp://127.0.0.1:{free_port()}"
     t0 = time.monotonic()
     with pytest.raises(SandboxUnavailableError, match="cannot be reached"):

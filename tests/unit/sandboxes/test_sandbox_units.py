@@ -1,0 +1,139 @@
+"""Pure parts of the sandboxes: output capping, exec stream framing, configs, image hashing."""
+
+from __future__ import annotations
+
+import socket
+import struct
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sandboxes.config import PoolConfig, SandboxConfig, parse_bytes
+from sandboxes.docker import pump_frames
+from sandboxes.factory import sandbox_config_from_dict
+from sandboxes.images import ContextSource, _with_stopsignal, content_hash
+from sandboxes.output import OutputCapper, truncation_marker
+
+
+def capped_reference(data: bytes, cap: int) -> bytes:
+    """The obvious definition: everything if it fits, else head + marker + tail."""
+    if len(data) <= cap:
+        return data
+    head = cap // 2
+    return data[:head] + truncation_marker(len(data) - cap) + data[len(data) - (cap - head) :]
+
+
+@given(st.lists(st.binary(max_size=300), max_size=40), st.integers(2, 200))
+def test_capper_matches_reference(chunks: list[bytes], cap: int) -> None:
+    c = OutputCapper(cap)
+    for chunk in chunks:
+        c.feed(chunk)
+    data = b"".join(chunks)
+    assert c.data() == capped_reference(data, cap)
+    assert c.truncated == (len(data) > cap) and c.total == len(data)
+
+
+def test_capper_memory_stays_bounded() -> None:
+    c = OutputCapper(1000)
+    for _ in range(10_000):
+        c.feed(b"x" * 1000)
+    assert len(c._head) + len(c._tail) <= 3 * 1000
+    assert c.text().count("x") == 1000 and "9999000 bytes truncated" in c.text()
+
+
+def test_capper_text_survives_cut_multibyte() -> None:
+    c = OutputCapper(9)
+    c.feed("ééééééééééé".encode())
+    assert "truncated" in c.text()
+
+
+def frames(payloads: list[tuple[int, bytes]]) -> bytes:
+    return b"".join(struct.pack(">BxxxL", stream, len(p)) + p for stream, p in payloads)
+
+
+def test_pump_frames_reassembles_split_frames() -> None:
+    a, b = socket.socketpair()
+    wire = frames([(1, b"hello "), (2, b"err "), (1, b"x" * 100_000), (1, b"")])
+
+    def send() -> None:
+        for i in range(0, len(wire), 7777):  # boundaries fall inside headers and payloads
+            a.sendall(wire[i : i + 7777])
+            time.sleep(0.001)
+        a.close()
+
+    t = threading.Thread(target=send)
+    t.start()
+    c = OutputCapper(1 << 20)
+    assert pump_frames(b, c, time.monotonic() + 10, bytearray()) is True
+    t.join()
+    assert c.data() == b"hello err " + b"x" * 100_000
+    b.close()
+
+
+def test_pump_frames_returns_false_at_deadline() -> None:
+    a, b = socket.socketpair()
+    a.sendall(frames([(1, b"partial")]))
+    c = OutputCapper(100)
+    t0 = time.monotonic()
+    assert pump_frames(b, c, t0 + 0.3, bytearray()) is False
+    assert 0.25 < time.monotonic() - t0 < 2 and c.data() == b"partial"
+    a.close()
+    b.close()
+
+
+def test_parse_bytes() -> None:
+    assert parse_bytes("512m") == 512 << 20 and parse_bytes("2GiB") == 2 << 30 and parse_bytes(4096) == 4096
+    with pytest.raises(ValueError, match=r"sandbox\.mem_limit"):
+        parse_bytes("lots", "sandbox.mem_limit")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"backend": "podman"}, "sandbox.backend"),
+        ({"mem_limit": "0"}, "sandbox.mem_limit"),
+        ({"cpus": 0}, "sandbox.cpus"),
+        ({"pids_limit": 2}, "sandbox.pids_limit"),
+        ({"output_cap_bytes": 10}, "sandbox.output_cap_bytes"),
+        ({"backend": "bwrap", "network": "bridge"}, "sandbox.network"),
+        ({"shell": ()}, "sandbox.shell"),
+        ({"workdir": "relative"}, "sandbox.workdir"),
+    ],
+)
+def test_config_errors_name_the_field(kwargs: dict[str, object], field: str) -> None:
+    with pytest.raises(ValueError, match=field):
+        SandboxConfig(**kwargs)  # type: ignore[arg-type]
+
+
+def test_pool_config_and_from_dict() -> None:
+    with pytest.raises(ValueError, match=r"pool\.max_concurrency"):
+        PoolConfig(max_concurrency=0)
+    cfg = sandbox_config_from_dict({"backend": "bwrap", "mem_limit": "1g", "shell": ["sh", "-c"]})
+    assert cfg.mem_bytes == 1 << 30 and cfg.shell == ("sh", "-c")
+    with pytest.raises(ValueError, match=r"unknown key\(s\) \['memory'\]"):
+        sandbox_config_from_dict({"memory": "1g"})
+
+
+def test_content_hash_follows_inputs(tmp_path: Path) -> None:
+    (tmp_path / "repo").mkdir()
+    (tmp_path / "repo" / "a.py").write_text("x = 1\n")
+    ctx: dict[str, ContextSource] = {"repo": tmp_path / "repo", "b.txt": b"b"}
+    h = content_hash("FROM base\n", ctx)
+    assert h == content_hash("FROM base\n", dict(reversed(list(ctx.items()))))  # order-free
+    assert h != content_hash("FROM base2\n", ctx)
+    assert h != content_hash("FROM base\n", {**ctx, "b.txt": b"c"})
+    assert h != content_hash("FROM base\n", ctx, extra="sha256:other-base-id")
+    (tmp_path / "repo" / "a.py").write_text("x = 2\n")
+    assert h != content_hash("FROM base\n", ctx)
+    (tmp_path / "repo" / "a.py").write_text("x = 1\n")
+    (tmp_path / "repo" / "a.py").chmod(0o755)
+    assert h != content_hash("FROM base\n", ctx)  # executable bit counts
+
+
+def test_stopsignal_added_once() -> None:
+    assert _with_stopsignal("FROM x\n").endswith("STOPSIGNAL SIGKILL\n")
+    assert _with_stopsignal("FROM x\nSTOPSIGNAL SIGTERM\n").count("STOPSIGNAL") == 1
