@@ -4,9 +4,10 @@ Synthetic multi-turn rows (prompt, then alternating action / observation blocks,
 tokens, ragged lengths with right padding) stand in for a real batch; only the mask layout matters to the cost.
 The loop reference (plain Python floats, the fastest pure-Python form) runs on ``loop_rows`` rows and is
 extrapolated linearly to the whole batch (it is a loop over rows, so its cost is linear in them); the same loop
-written over tensor elements is timed on one row for context. The output says so. Peak memory is the process's resident high-water
-mark above its level before the call (``/proc/self/status`` VmHWM, reset through ``/proc/self/clear_refs``,
-with glibc told to unmap freed blocks so resident memory tracks live memory), or the CUDA allocator's peak.
+written over tensor elements is timed on one row for context. The output says so. Peak memory is the process's
+resident high-water mark above its level before the call (``/proc/self/status`` VmHWM, reset through
+``/proc/self/clear_refs``, with glibc told to unmap freed blocks so resident memory tracks live memory), or the
+CUDA allocator's peak.
 """
 
 from __future__ import annotations

@@ -70,3 +70,23 @@ def dis_weights_loop(
         r = math.exp(lp - rlp)
         out.append(r if m and 1.0 - eps_low < r < 1.0 + eps_high else 0.0)
     return out
+
+
+def skip_observation_gae_tensor_loop(
+    rewards: torch.Tensor, values: torch.Tensor, action_mask: torch.Tensor, gamma: float, lam: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The same loop written over tensor elements (``values[b, t]``), as a per-sequence trainer loop often is."""
+    adv = torch.zeros(rewards.shape, dtype=torch.float64)
+    ret = torch.zeros(rewards.shape, dtype=torch.float64)
+    for b in range(rewards.shape[0]):
+        next_value = 0.0
+        lastgaelam = 0.0
+        for t in reversed(range(rewards.shape[1])):
+            if not action_mask[b, t]:
+                continue
+            delta = float(rewards[b, t]) + gamma * next_value - float(values[b, t])
+            lastgaelam = delta + gamma * lam * lastgaelam
+            adv[b, t] = lastgaelam
+            ret[b, t] = lastgaelam + float(values[b, t])
+            next_value = float(values[b, t])
+    return adv, ret
