@@ -47,7 +47,8 @@ class ModelConfig:
     """The actor (policy) model."""
 
     path: str = "tiny:llama"
-    """A HF model directory, or ``tiny:llama`` / ``tiny:moe`` (random-init, for tests and toy runs)."""
+    """A HF model directory, ``smollm2`` (the SmolLM2-135M-Instruct dir made by ``bash scripts/setup.sh``), or
+    ``tiny:llama`` / ``tiny:moe`` (random-init, for tests and toy runs)."""
     tokenizer: str | None = None
     """Tokenizer directory; default: the model directory (SmolLM2's for ``tiny:*``)."""
     dtype: str = "float32"

@@ -23,11 +23,20 @@ def _torch_dtype(name: str) -> torch.dtype:
     return {"float32": torch.float32, "bfloat16": torch.bfloat16}[name]
 
 
+def resolve_model_path(path: str) -> str:
+    """``smollm2`` names the SmolLM2-135M-Instruct dir made by setup (configs carry no machine paths)."""
+    if path == "smollm2":
+        from saocore.paths import smollm2_dir
+
+        return str(smollm2_dir())
+    return str(Path(path).expanduser())
+
+
 def load_actor(cfg: Config) -> nn.Module:
     """The policy: ``AutoModelForCausalLM`` from a directory, or a seeded random ``tiny:llama`` / ``tiny:moe``."""
     from transformers import AutoModelForCausalLM
 
-    path, dtype = cfg.model.path, _torch_dtype(cfg.model.dtype)
+    path, dtype = resolve_model_path(cfg.model.path), _torch_dtype(cfg.model.dtype)
     if path.startswith("tiny:"):
         from saocore.tiny_models import build_tiny_model
 
@@ -58,7 +67,7 @@ def load_tokenizer(cfg: Config) -> Any:
 
     src = cfg.model.tokenizer
     if src is None:
-        src = str(smollm2_dir()) if cfg.model.path.startswith("tiny:") else cfg.model.path
+        src = str(smollm2_dir()) if cfg.model.path.startswith("tiny:") else resolve_model_path(cfg.model.path)
     if not Path(src).is_dir():
         raise ConfigError(
             f"model.tokenizer: {src!r} is not a tokenizer directory; run `bash scripts/setup.sh` (SmolLM2) "
