@@ -2,5 +2,13 @@
 
 from envs.swe.tasks.builder import BuildConfig, build_tasks
 from envs.swe.tasks.instance import load_instances, validate_instance
+from envs.swe.tasks.offline import ensure_offline_tasks, ensure_task_images
 
-__all__ = ["BuildConfig", "build_tasks", "load_instances", "validate_instance"]
+__all__ = [
+    "BuildConfig",
+    "build_tasks",
+    "ensure_offline_tasks",
+    "ensure_task_images",
+    "load_instances",
+    "validate_instance",
+]

@@ -109,7 +109,6 @@ def _candidates(sources: dict[str, str], tests: dict[str, str], cfg: BuildConfig
 @dataclass
 class _Found:
     mutation: Mutation
-    bug_patch: str
     fix_patch: str
     f2p: list[str]
     p2p: list[str]
@@ -143,9 +142,8 @@ def _try(box: BuilderContainer, cand: _Candidate, baseline: dict[str, str], cfg:
         expected = {t for t, s in baseline.items() if s == "PASSED" and t.split("::")[0] in eval_files}
         if expected != set(f2p) | set(p2p):
             return None
-        bug_patch = box.check("git diff")
         fix_patch = box.check("git diff -R --src-prefix=b/ --dst-prefix=a/")  # -R swaps the prefixes back
-        return _Found(m, bug_patch, fix_patch, f2p, p2p, eval_files, failure_excerpts(run.output))
+        return _Found(m, fix_patch, f2p, p2p, eval_files, failure_excerpts(run.output))
     finally:
         box.reset()
 
@@ -234,8 +232,9 @@ def build_for_sdist(spec_text: str, cfg: BuildConfig, client: Any, log: Log = _s
             b.close()
     records = []
     for f in found:
-        task_image = images.ensure_task_image(repo_image, f.bug_patch)
+        task_image = images.ensure_task_image(repo_image, f.fix_patch)
         rec = _record(spec, task_image, _head_of(client, task_image), f)
+        rec["sao_mutation"].update({"sdist": str(spec), "repo_image": repo_image})
         if cfg.verify:
             g = grade_patch(rec, rec["patch"], client=client)
             if not g.resolved:

@@ -102,24 +102,24 @@ def ensure_repo_image(spec: SdistSpec, sdist: Path, wheels: Path, base_image: st
     return tag
 
 
-def task_image_tag(repo_image: str, bug_patch: str) -> str:
-    h = hashlib.sha256(f"{IMAGE_RECIPE_VERSION}\n{repo_image}\n{bug_patch}".encode()).hexdigest()[:12]
+def task_image_tag(repo_image: str, fix_patch: str) -> str:
+    h = hashlib.sha256(f"{IMAGE_RECIPE_VERSION}\n{repo_image}\n{fix_patch}".encode()).hexdigest()[:12]
     repo, _, version = repo_image.rpartition(":")
     return f"{repo}:{version.split('-')[0]}-bug-{h}"
 
 
-def ensure_task_image(repo_image: str, bug_patch: str, message: str = "Current state") -> str:
-    """Build (once) ``repo_image`` + one commit applying ``bug_patch`` (the injected bug)."""
-    tag = task_image_tag(repo_image, bug_patch)
+def ensure_task_image(repo_image: str, fix_patch: str, message: str = "Current state") -> str:
+    """Build (once) ``repo_image`` + one commit injecting the bug, i.e. applying ``fix_patch`` in reverse."""
+    tag = task_image_tag(repo_image, fix_patch)
     if image_exists(tag):
         return tag
     dockerfile = f"""FROM {repo_image}
-COPY bug.diff /tmp/bug.diff
-RUN cd /testbed && git apply /tmp/bug.diff && rm /tmp/bug.diff \\
+COPY fix.diff /tmp/fix.diff
+RUN cd /testbed && git apply -R /tmp/fix.diff && rm /tmp/fix.diff \\
  && git add -A && {GIT_ENV} git commit -q -m '{message}'
 """
     with tempfile.TemporaryDirectory(prefix="sao-swe-task-") as tmp:
         (Path(tmp) / "Dockerfile").write_text(dockerfile)
-        (Path(tmp) / "bug.diff").write_text(bug_patch)
+        (Path(tmp) / "fix.diff").write_text(fix_patch)
         _docker_build(Path(tmp), tag, "a task image")
     return tag

@@ -32,10 +32,10 @@ class TestRun:
 
 
 def parse_pytest(output: str) -> dict[str, str]:
-    """Test id -> status from ``pytest -rA`` output (the official swebench parser), ids with spaces dropped
-    because that parser cuts them."""
+    """Test id -> status from ``pytest -rA`` output (the official swebench parser). Parametrized ids with spaces
+    are dropped: that parser cuts them at the space (they show as ids with an unclosed ``[``)."""
     status = PARSER_REGISTRY["parse_log_pytest"](output, None)
-    return {k: v for k, v in status.items() if "::" in k and " " not in k}
+    return {k: v for k, v in status.items() if "::" in k and " " not in k and k.count("[") == k.count("]")}
 
 
 def failure_excerpts(output: str, limit: int = 3, max_lines: int = 6) -> list[tuple[str, list[str]]]:

@@ -1,0 +1,88 @@
+"""A small cached set of offline SWE tasks for tests, evals and demos: ``ensure_offline_tasks()``.
+
+The task records are cached as JSONL in ``<cache>/swe/tasks/`` under a key of (packages, count, seed, recipe);
+images are rebuilt from the records when the Docker host lost them (e.g. a fresh CI daemon with a restored cache):
+repo image from the cached sdist + wheels, task image = repo image + the reverse of the fix patch. Cold: a couple of
+minutes (downloads, two repo images, mutation search, gold verification); warm: seconds.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from envs.swe.tasks import fetch, images
+from envs.swe.tasks.builder import BuildConfig, build_tasks
+from envs.swe.tasks.instance import load_instances
+
+# The two fastest suites among the offline sdists measured here (six: ~2 s, toolz: ~5 s for the whole suite).
+DEFAULT_PACKAGES = ("six==1.17.0", "toolz==1.2.0")
+TASKS_RECIPE_VERSION = "1"
+
+
+def _log(msg: str) -> None:
+    print(f"[sao tasks] {msg}", file=sys.stderr, flush=True)
+
+
+def ensure_task_images(records: list[dict[str, Any]]) -> None:
+    """Rebuild any missing image of our offline ``records`` from the cached sdists/wheels (no-op when present)."""
+    from saocore.setup import ensure_base_image
+
+    for rec in records:
+        if images.image_exists(rec["image"]):
+            continue
+        meta = rec.get("sao_mutation") or {}
+        if "sdist" not in meta or "repo_image" not in meta:
+            raise ValueError(
+                f"task {rec['instance_id']}: image {rec['image']} is missing and the record is not an offline "
+                "SAO task (no sao_mutation.sdist); pull or build its image"
+            )
+        spec = fetch.SdistSpec.parse(meta["sdist"])
+        sdist = fetch.fetch_sdist(spec)
+        wheels = fetch.fetch_wheels(spec, sdist)
+        deps = [*fetch.ALWAYS_TEST_DEPS, *fetch.KNOWN_TEST_DEPS.get(spec.name, [])]
+        repo = images.ensure_repo_image(spec, sdist, wheels, ensure_base_image(), deps)
+        if repo != meta["repo_image"]:
+            raise RuntimeError(
+                f"task {rec['instance_id']}: its repo image was {meta['repo_image']} but this machine builds {repo} "
+                "(different wheels or recipe); rebuild the tasks with `sao tasks build`"
+            )
+        _log(f"rebuilding task image {rec['image']}")
+        tag = images.ensure_task_image(repo, rec["patch"])
+        if tag != rec["image"]:
+            raise RuntimeError(f"task {rec['instance_id']}: rebuilt image tag {tag} differs from {rec['image']}")
+
+
+def ensure_offline_tasks(
+    n_per_package: int = 2,
+    packages: tuple[str, ...] = DEFAULT_PACKAGES,
+    seed: int = 0,
+    workers: int = 2,
+) -> list[dict[str, Any]]:
+    """``n_per_package`` validated tasks from each sdist in ``packages``, built once and cached, images ensured."""
+    key = hashlib.sha256(
+        json.dumps([TASKS_RECIPE_VERSION, images.IMAGE_RECIPE_VERSION, sorted(packages), n_per_package, seed]).encode()
+    ).hexdigest()[:12]
+    folder = fetch.swe_cache() / "tasks"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"offline-{key}.jsonl"
+    # One builder at a time per cache (pytest sessions of several people or tools may start together).
+    with open(folder / f".offline-{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not path.exists():
+            partial = Path(f"{path}.partial")
+            partial.unlink(missing_ok=True)
+            cfg = BuildConfig(sdists=list(packages), bugs=n_per_package, out=partial, seed=seed, workers=workers)
+            records = build_tasks(cfg)
+            counts = {p: sum(r["sao_mutation"]["sdist"] == p for r in records) for p in packages}
+            short = [p for p, n in counts.items() if n < n_per_package]
+            if short:
+                raise RuntimeError(f"offline task build found too few bugs for {short} ({counts})")
+            partial.rename(path)
+        records = load_instances(path)
+        ensure_task_images(records)
+    return records
