@@ -56,39 +56,6 @@ def algos(
     )
 
 
-@app.command("algos")
-def algos(
-    out: str = typer.Option("runs/bench/algos", help="folder for bench_algos.json (and bench_algos.png with --scale)"),
-    batch: int = typer.Option(64, help="rows B"),
-    seq_len: int = typer.Option(8192, help="tokens per row T"),
-    obs_frac: float = typer.Option(0.4, help="share of non-action (prompt/observation) tokens"),
-    loop_rows: int = typer.Option(8, help="rows the loop reference runs on (extrapolated linearly to B)"),
-    repeats: int = typer.Option(5, help="timed runs of the vectorised version (median reported)"),
-    threads: int = typer.Option(1, help="torch CPU threads"),
-    device: str = typer.Option("cpu", help="cpu or cuda"),
-    scale: bool = typer.Option(False, "--scale", help="also sweep B and T to show time and memory scaling"),
-) -> None:
-    """Skip-observation GAE: vectorised vs per-sequence loop, speed-up and peak memory."""
-    from pathlib import Path
-
-    from benchmarks.bench_algos import BenchConfig, run
-
-    run(
-        BenchConfig(
-            out=Path(out),
-            batch=batch,
-            seq_len=seq_len,
-            obs_frac=obs_frac,
-            loop_rows=loop_rows,
-            repeats=repeats,
-            threads=threads,
-            device=device,
-            scale=scale,
-        ),
-        echo=typer.echo,
-    )
-
-
 @app.command("engine")
 def engine(
     out: str = typer.Option("runs/bench/engine", help="folder for bench_engine.json and bench_engine.png"),
