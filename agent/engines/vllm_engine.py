@@ -40,6 +40,7 @@ class VLLMEngine:
         backoff_s: float = 0.5,
         request_timeout_s: float = 600.0,
         servers: Sequence[Any] = (),
+        transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         if not urls:
             raise ValueError("VLLMEngine needs at least one server URL, e.g. http://127.0.0.1:8000")
@@ -53,6 +54,7 @@ class VLLMEngine:
         self._client = httpx.AsyncClient(
             timeout=httpx.Timeout(request_timeout_s, connect=10.0),
             limits=httpx.Limits(max_connections=1024, max_keepalive_connections=256),
+            transport=transport,
         )
 
     @property
