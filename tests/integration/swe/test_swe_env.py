@@ -21,7 +21,10 @@ def call(name: str, **arguments: Any) -> str:
 
 def editor_calls(patch: str) -> list[str]:
     """The fix patch as str_replace_editor calls: each hunk's old lines -> new lines (context included)."""
-    calls, path, old, new = [], "", [], []
+    calls: list[str] = []
+    old: list[str] = []
+    new: list[str] = []
+    path = ""
 
     def flush() -> None:
         if old or new:
@@ -34,7 +37,8 @@ def editor_calls(patch: str) -> list[str]:
                     new_str="\n".join(new),
                 )
             )
-        old.clear(), new.clear()
+        old.clear()
+        new.clear()
 
     for line in patch.splitlines():
         if line.startswith("+++ b/"):

@@ -7,7 +7,7 @@ import difflib
 
 import pytest
 
-from envs.swe.tasks.mutations import OPERATORS, is_valid, mutations
+from envs.swe.tasks.mutations import OPERATORS, Mutation, is_valid, mutations
 
 SRC = '''"""Module."""
 
@@ -57,7 +57,7 @@ def _changed_lines(new: str) -> list[str]:
     return [line for line in diff if line[:1] in "+-" and not line.startswith(("+++", "---"))]
 
 
-def _by_op(op: str) -> list:
+def _by_op(op: str) -> list[Mutation]:
     return [m for m in mutations(SRC, "m.py") if m.operator == op]
 
 
