@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import platform
 import shutil
 import statistics
+import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -143,14 +146,21 @@ async def bench_bwrap(n: int) -> dict[str, Any]:
 async def run_all(n: int, episodes: int, commands: int, pool_size: int) -> dict[str, Any]:
     image = await run_blocking(ensure_base_image)
     cfg = SandboxConfig(image=image, mem_limit="512m", cpus=1.0, pids_limit=256)
-    return {
-        "machine": {"platform": platform.platform(), "python": platform.python_version()},
+    results: dict[str, Any] = {
+        "machine": {"platform": platform.platform(), "python": platform.python_version(), "load": os.getloadavg()},
         "image": image,
-        "exec_overhead": await bench_exec_overhead(cfg, n),
-        "start": await bench_start(cfg, max(5, n // 2)),
-        "concurrent": await bench_concurrent(cfg, episodes, commands, pool_size),
-        "bwrap": await bench_bwrap(n),
     }
+    steps: list[tuple[str, Callable[[], Awaitable[dict[str, Any]]]]] = [
+        ("exec_overhead", lambda: bench_exec_overhead(cfg, n)),
+        ("start", lambda: bench_start(cfg, max(5, n // 2))),
+        ("concurrent", lambda: bench_concurrent(cfg, episodes, commands, pool_size)),
+        ("bwrap", lambda: bench_bwrap(n)),
+    ]
+    for name, step in steps:
+        t0 = time.perf_counter()
+        results[name] = await step()
+        print(f"[bench sandbox] {name}: {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+    return results
 
 
 def table_rows(r: dict[str, Any]) -> list[tuple[str, str, str]]:

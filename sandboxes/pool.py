@@ -89,8 +89,13 @@ class WarmPool:
             for _ in range(max(0, n)):
                 task = asyncio.create_task(self._start_one())
                 self._starting.add(task)
-                task.add_done_callback(self._starting.discard)
+                task.add_done_callback(self._started)
             await self._wake.wait()
+
+    def _started(self, task: asyncio.Task[None]) -> None:
+        # Wake the filler only once the task has left `_starting`, or it would count it as still starting.
+        self._starting.discard(task)
+        self._wake.set()
 
     async def _start_one(self) -> None:
         if self._host is not None:
@@ -104,10 +109,8 @@ class WarmPool:
                 raise
             self._idle.put_nowait(e)
             await asyncio.sleep(_RETRY_BACKOFF_S)
-            self._wake.set()
             return
         self._idle.put_nowait(sb)
-        self._wake.set()
 
     async def acquire(self) -> DockerSandbox:
         """A started container, leased to the caller, who must ``close()`` it (it is then destroyed)."""

@@ -20,7 +20,8 @@ pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("no_leftovers"), pytes
 async def test_warm_acquire_is_fast_and_used_containers_are_destroyed(
     docker_cfg: SandboxConfig, docker_client: Any
 ) -> None:
-    pool = await WarmPool(docker_cfg, PoolConfig(size=2, max_concurrency=4)).start()
+    # start_parallelism < size: the pool must keep refilling after each start completes.
+    pool = await WarmPool(docker_cfg, PoolConfig(size=2, max_concurrency=4, start_parallelism=1)).start()
     try:
         await pool.wait_warm(60)
         t0 = time.monotonic()
