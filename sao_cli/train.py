@@ -19,7 +19,7 @@ def train_cmd(
     ] = None,
     resume: Annotated[str | None, typer.Option("--resume", help="continue the run in this RUN_DIR")] = None,
 ) -> None:
-    """Train a policy with SAO (or a baseline algorithm) on live rollouts; writes RUN_DIR (metrics, plots, checkpoints)."""
+    """Train a policy with SAO (or a baseline) on live rollouts; writes RUN_DIR (metrics, plots, checkpoints)."""
     from trainer.config import ConfigError
 
     items = list(overrides or [])
@@ -39,7 +39,9 @@ def train_cmd(
 
 def pretrain_value_cmd(
     config: Annotated[str, typer.Argument(help="the training config whose critic to pretrain")],
-    rollouts: Annotated[str, typer.Option("--rollouts", help="JSONL of trajectories (e.g. RUN_DIR/trajectories.jsonl)")],
+    rollouts: Annotated[
+        str, typer.Option("--rollouts", help="JSONL of trajectories (e.g. RUN_DIR/trajectories.jsonl)")
+    ],
     out: Annotated[str | None, typer.Option("--out", help="checkpoint dir (default RUN_DIR/value_init)")] = None,
     epochs: Annotated[int, typer.Option("--epochs", help="passes over the rollouts")] = 2,
     overrides: Annotated[list[str] | None, typer.Argument(help="dotted overrides")] = None,

@@ -40,6 +40,9 @@ class RunConfig:
     """Write RUN_DIR/plots/*.png at the end of the run."""
     progress: bool = True
     """A live rich progress line on stderr."""
+    param_digest: bool = False
+    """At the end, every rank writes RUN_DIR/param_digest/rank{R}.json (a hash of its gathered actor and critic
+    parameters): a check that data-parallel ranks hold identical weights. Gathers the full model: small runs only."""
 
 
 @dataclass
@@ -331,7 +334,15 @@ def save_config(cfg: Config, path: str | Path) -> None:
 
 
 # Fields that may change between a run and its resume without changing what is being trained.
-RESUME_MUTABLE = {"run.dir", "run.total_steps", "run.progress", "run.plot", "run.tensorboard", "run.wandb_project"}
+RESUME_MUTABLE = {
+    "run.dir",
+    "run.total_steps",
+    "run.param_digest",
+    "run.progress",
+    "run.plot",
+    "run.tensorboard",
+    "run.wandb_project",
+}
 
 
 def config_diff(a: Config, b: Config) -> list[str]:

@@ -207,20 +207,18 @@ class Learner:
             if b is micro[-1] and self.cfg.deepspeed.zero_stage == 0:
                 gn_actor = _grad_norm(self.actor)
             self.actor.step()  # DeepSpeed steps the optimizer only at the accumulation boundary
-            for k, v in {
-                **{k: float(x) for k, x in lm.items()},
-                "entropy": ent_mean,
-                "pg_loss": float(loss.detach()),
-            }.items():
-                if k == "num_tokens" or not math.isfinite(v):
+            vals: dict[str, float] = {k: float(x) for k, x in lm.items()}
+            vals.update(entropy=ent_mean, pg_loss=float(loss.detach()))
+            for k, val in vals.items():
+                if k == "num_tokens" or not math.isfinite(val):
                     continue
-                sums[k] = sums.get(k, 0.0) + v * n_mb
+                sums[k] = sums.get(k, 0.0) + val * n_mb
         gn = self.actor.get_global_grad_norm()
         m["actor_grad_norm"] = float(gn) if gn is not None else float(gn_actor or 0.0)
         keys = sorted(sums)
         red = dist_utils.all_reduce_sum([sums[k] for k in keys])
-        for k, v in zip(keys, red, strict=True):
-            m[k] = v / n_total
+        for k, total in zip(keys, red, strict=True):
+            m[k] = total / n_total
 
         # 4) K critic steps on the returns.
         if self.critic is not None:

@@ -52,7 +52,9 @@ class MetricsWriter:
 
                 self._wandb = wandb.init(project=wandb_project, dir=str(run_dir), resume="allow")
             except ImportError as e:
-                raise RuntimeError(f"run.wandb_project is set but wandb is not installed ({e}); pip install wandb") from e
+                raise RuntimeError(
+                    f"run.wandb_project is set but wandb is not installed ({e}); pip install wandb"
+                ) from e
 
     def truncate_after(self, step: int) -> None:
         """On resume: drop lines of steps after the checkpoint (a lost branch), so the step counter continues."""

@@ -56,7 +56,8 @@ def load_actor(cfg: Config) -> nn.Module:
     if cfg.model.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     model.config.use_cache = False
-    return model
+    out: nn.Module = model
+    return out
 
 
 def load_tokenizer(cfg: Config) -> Any:
@@ -99,7 +100,8 @@ class ValueModel(nn.Module):
     ) -> torch.Tensor:
         out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
         hidden = out.last_hidden_state.to(self.value_head.weight.dtype)
-        return self.value_head(hidden).squeeze(-1).float()
+        values: torch.Tensor = self.value_head(hidden).squeeze(-1).float()
+        return values
 
     def save(self, out_dir: str | Path, state: dict[str, torch.Tensor] | None = None) -> None:
         """Write the backbone (HF format) and the head (safetensors) so ``critic.init`` can load it."""
@@ -109,7 +111,7 @@ class ValueModel(nn.Module):
         out.mkdir(parents=True, exist_ok=True)
         sd = state if state is not None else self.state_dict()
         backbone_sd = {k[len("backbone.") :]: v for k, v in sd.items() if k.startswith("backbone.")}
-        self.backbone.save_pretrained(out, state_dict=backbone_sd, safe_serialization=True)
+        self.backbone.save_pretrained(out, state_dict=backbone_sd, safe_serialization=True)  # type: ignore[operator]
         head = {k[len("value_head.") :]: v.contiguous() for k, v in sd.items() if k.startswith("value_head.")}
         save_file(head, str(out / VALUE_HEAD_FILE))
         (out / CRITIC_MARKER).write_text(json.dumps({"format": "sao-critic-v1"}))
@@ -117,7 +119,7 @@ class ValueModel(nn.Module):
 
 def _backbone_of(lm: nn.Module) -> nn.Module:
     prefix = getattr(lm, "base_model_prefix", "model")
-    backbone = getattr(lm, prefix, None)
+    backbone: nn.Module | None = getattr(lm, prefix, None)
     if backbone is None:
         raise ConfigError(f"critic: cannot find the backbone ({prefix!r}) of {type(lm).__name__}")
     return backbone
@@ -134,7 +136,7 @@ def load_critic(cfg: Config, actor: nn.Module) -> ValueModel:
     init, dtype = cfg.critic.init, _torch_dtype(cfg.model.dtype)
     if init == "actor":
         backbone = copy.deepcopy(_backbone_of(actor))
-        critic = ValueModel(backbone, actor.config.hidden_size)
+        critic = ValueModel(backbone, int(actor.config.hidden_size))  # type: ignore[union-attr, arg-type]
     else:
         p = Path(init)
         if not p.is_dir():

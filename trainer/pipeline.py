@@ -136,9 +136,7 @@ class Coordinator:
             )
         return traj
 
-    async def _group(
-        self, index: int, seed: int, options: dict[str, Any] | None, task_id: str | None, n: int
-    ) -> None:
+    async def _group(self, index: int, seed: int, options: dict[str, Any] | None, task_id: str | None, n: int) -> None:
         try:
             trajs = await asyncio.gather(*(self._one(index, seed + k, options, task_id) for k in range(n)))
         finally:

@@ -23,8 +23,8 @@ import torch
 from agent.records import Trajectory
 from trainer import distributed as dist_utils
 from trainer.config import Config, ConfigError, config_diff, load_config, save_config
-from trainer.ledger import Ledger, replay
 from trainer.learner import Learner
+from trainer.ledger import Ledger, replay
 from trainer.metrics import MetricsWriter, plot_run
 from trainer.pipeline import Coordinator, Item, TaskSource
 
@@ -155,6 +155,7 @@ class Trainer:
                 self.learner.actor.module.save_pretrained(out, state_dict=sd, safe_serialization=True)
             return {}
         if cmd == "export_critic":
+            assert self.learner.critic is not None
             sd = self.learner.gathered_state(self.learner.critic)
             if sd is not None:
                 self.learner.critic.module.save(Path(msg["dir"]), state=sd)
@@ -163,8 +164,38 @@ class Trainer:
             self.learner.save(Path(msg["dir"]))
             return {}
         if cmd == "stop":
+            if self.cfg.run.param_digest:
+                self._write_digest(Path(msg["run_dir"]))
             return {}
         raise ValueError(f"unknown learner command {cmd!r}")
+
+    def _write_digest(self, run_dir: Path) -> None:
+        import hashlib
+
+        import deepspeed
+
+        out: dict[str, str] = {}
+        for name, eng in (("actor", self.learner.actor), ("critic", self.learner.critic)):
+            if eng is None:
+                continue
+            params = list(eng.module.parameters())
+            ctx = (
+                deepspeed.zero.GatheredParameters(params, modifier_rank=None)
+                if self.cfg.deepspeed.zero_stage == 3
+                else None
+            )
+            if ctx is not None:
+                ctx.__enter__()
+            h = hashlib.sha256()
+            for k, v in sorted(eng.module.state_dict().items()):
+                h.update(k.encode())
+                h.update(v.detach().float().cpu().numpy().tobytes())
+            if ctx is not None:
+                ctx.__exit__(None, None, None)
+            out[name] = h.hexdigest()
+        d = run_dir / "param_digest"
+        d.mkdir(parents=True, exist_ok=True)
+        (d / f"rank{dist_utils.rank()}.json").write_text(json.dumps(out))
 
     def follow(self) -> None:
         """Ranks > 0: execute rank 0's commands until it says stop."""
@@ -273,7 +304,9 @@ class Trainer:
 
             env: Any = gymnasium.make(cfg.env.id, **cfg.env.kwargs).unwrapped
             try:
-                return await run_episode(env, engine, self.tokenizer, agent_cfg, task_id=task_id, seed=seed, options=options)
+                return await run_episode(
+                    env, engine, self.tokenizer, agent_cfg, task_id=task_id, seed=seed, options=options
+                )
             finally:
                 closer = getattr(env, "aclose", None)
                 if closer is not None:
@@ -342,7 +375,7 @@ class Trainer:
         self.tokenizer.save_pretrained(final / "actor")
         if self.learner.critic is not None:
             await asyncio.to_thread(self.lead, {"cmd": "export_critic", "dir": str(final / "critic")})
-        self.lead({"cmd": "stop"})
+        self.lead({"cmd": "stop", "run_dir": str(self.run_dir)})
         if cfg.run.plot:
             plot_run(self.run_dir)
         return last

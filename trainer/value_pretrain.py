@@ -29,7 +29,9 @@ def read_rollouts(path: str | Path) -> list[Trajectory]:
     """Trajectories from a JSONL file of Trajectory records or a run's trajectories.jsonl; infra errors skipped."""
     p = Path(path)
     if not p.is_file():
-        raise ConfigError(f"--rollouts {str(p)!r} not found; pass a JSONL of trajectories (e.g. RUN_DIR/trajectories.jsonl)")
+        raise ConfigError(
+            f"--rollouts {str(p)!r} not found; pass a JSONL of trajectories (e.g. RUN_DIR/trajectories.jsonl)"
+        )
     out = []
     for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip():
