@@ -30,7 +30,7 @@ def algos(
     seq_len: int = typer.Option(8192, help="tokens per row T"),
     obs_frac: float = typer.Option(0.4, help="share of non-action (prompt/observation) tokens"),
     loop_rows: int = typer.Option(8, help="rows the loop reference runs on (extrapolated linearly to B)"),
-    repeats: int = typer.Option(5, help="timed runs of the vectorised version (median reported)"),
+    repeats: int = typer.Option(10, help="timed runs of the vectorised version (best and median reported)"),
     threads: int = typer.Option(1, help="torch CPU threads"),
     device: str = typer.Option("cpu", help="cpu or cuda"),
     scale: bool = typer.Option(False, "--scale", help="also sweep B and T to show time and memory scaling"),
