@@ -120,7 +120,7 @@ class SWEEnv(ToolEnv):
     async def setup(self, task: Any) -> None:
         self._task = task
         image = task["image"]
-        await asyncio.to_thread(_ensure_image, image, task["instance_id"])
+        await asyncio.to_thread(_ensure_image, image, task["instance_id"], self.sandbox_cfg.docker_host)
         from sandboxes.factory import make_sandbox
 
         env = {"PATH": PATH, **self.sandbox_cfg.env}
@@ -171,7 +171,9 @@ class SWEEnv(ToolEnv):
         patch = await self.current_patch()
         task = self._task
         try:
-            result = await asyncio.to_thread(grade_patch, task, patch, timeout=self.grade_timeout_s)
+            result = await asyncio.to_thread(
+                grade_patch, task, patch, timeout=self.grade_timeout_s, docker_host=self.sandbox_cfg.docker_host
+            )
         except GradingInfraError as e:
             raise SandboxError(str(e)) from e
         report = dict(result.report.get(task["instance_id"], {}))
@@ -179,28 +181,18 @@ class SWEEnv(ToolEnv):
         return Grade(reward=1.0 if result.resolved else 0.0, solved=result.resolved, report=report)
 
 
-def _ensure_image(image: str, instance_id: str) -> None:
+def _ensure_image(image: str, instance_id: str, docker_host: str | None) -> None:
     """Make sure ``image`` is on the Docker host: present, or pulled for a published (registry) image."""
-    import docker
+    from sandboxes.images import ensure_image, image_exists
 
-    from sandboxes.docker import get_client
-
-    client = get_client(None)
-    try:
-        client.images.get(image)
+    if image_exists(image, docker_host):
         return
-    except docker.errors.ImageNotFound:
-        pass
-    except docker.errors.DockerException as e:
-        raise SandboxError(f"Docker failed while looking up image {image}: {e}") from e
     if image.startswith("sao-swe-"):
         raise ImageNotFoundError(
             f"task {instance_id}: image {image} is not on the Docker host; rebuild it with "
             "`envs.swe.tasks.ensure_task_images(records)` (or `sao tasks build`)"
         )
     try:
-        client.images.pull(image)
-    except docker.errors.DockerException as e:
-        raise ImageNotFoundError(
-            f"task {instance_id}: image {image} is neither local nor pullable ({e}); pull or build it first"
-        ) from e
+        ensure_image(image, docker_host, pull=True)
+    except ImageNotFoundError as e:
+        raise ImageNotFoundError(f"task {instance_id}: {e}") from e

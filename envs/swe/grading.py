@@ -63,9 +63,11 @@ def grade_patch(
     *,
     timeout: float = 1800,
     client: Any = None,
+    docker_host: str | None = None,
     mem_limit: str = "4g",
 ) -> GradeResult:
-    """Apply ``patch`` in a fresh container of ``instance["image"]``, run its eval script, grade the log."""
+    """Apply ``patch`` in a fresh container of ``instance["image"]``, run its eval script, grade the log.
+    The Docker daemon is ``client``, else ``docker_host``, else the environment's (``DOCKER_HOST``)."""
     import docker
     from swebench.harness.grading import get_eval_report
     from swebench.harness.utils import make_test_spec
@@ -82,8 +84,11 @@ def grade_patch(
         return GradeResult(False, report, applied=False)
     t0 = time.monotonic()
     container = None
+    own_client = client is None
     try:
-        client = client or docker.from_env(timeout=int(timeout) + 60)
+        if client is None:
+            t = int(timeout) + 60
+            client = docker.DockerClient(base_url=docker_host, timeout=t) if docker_host else docker.from_env(timeout=t)
         try:
             client.images.get(spec.image)
         except docker.errors.ImageNotFound as e:
@@ -137,5 +142,7 @@ def grade_patch(
         if container is not None:
             try:
                 container.remove(force=True)
-            except Exception:
+            except Exception:  # best effort: the container may already be gone
                 pass
+        if own_client and client is not None:
+            client.close()
