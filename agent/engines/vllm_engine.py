@@ -49,6 +49,7 @@ class VLLMEngine:
         self._version = version
         self.max_retries, self.backoff_s = max_retries, backoff_s
         self._in_flight = dict.fromkeys(self.urls, 0)
+        self._turn = 0
         self._servers = list(servers)
         self.last_reload: list[Any] = []
         self._client = httpx.AsyncClient(
@@ -68,8 +69,11 @@ class VLLMEngine:
         return self._model
 
     def _pick(self, avoid: set[str]) -> str:
+        """Fewest requests in flight; ties rotate so that sequential callers spread too."""
         candidates = [u for u in self.urls if u not in avoid] or self.urls
-        return min(candidates, key=lambda u: self._in_flight[u])
+        self._turn = (self._turn + 1) % len(self.urls)
+        n = len(self.urls)
+        return min(candidates, key=lambda u: (self._in_flight[u], (self.urls.index(u) - self._turn) % n))
 
     async def _request(self, method: str, path: str, body: dict[str, Any] | None, url: str | None = None) -> Any:
         """One request with retries on connection errors; ``url`` pins a server (no failover)."""
