@@ -132,9 +132,10 @@ def _masked_gae(
     delta[:, :-1] -= vc[:, :-1]
     delta[:, -1] = 0.0
     adv_c = _discounted_reverse_cumsum(delta, gamma * lam)  # 0 on every padding slot, the dump slot included
-    ret_c = adv_c + vc
-    # index_select, not gather: the same read, ~3x faster on CPU
-    return adv_c.view(-1).index_select(0, fi).view(b, t), ret_c.view(-1).index_select(0, fi).view(b, t)
+    both = torch.stack((adv_c, adv_c + vc)).view(2, -1)
+    # one index_select reads both tables (index_select, not gather: the same read, ~3x faster on CPU)
+    out = both.index_select(1, fi)
+    return out[0].view(b, t), out[1].view(b, t)
 
 
 def skip_observation_gae(
