@@ -154,8 +154,8 @@ class HFEngine:
         import torch
 
         with self._lock, torch.no_grad():
-            params = dict(self.model.named_parameters())
-            params.update(dict(self.model.named_buffers()))
+            # state_dict names include tied aliases (lm_head.weight) that named_parameters() dedupes.
+            params = self.model.state_dict(keep_vars=True)
             unknown = [k for k in state_dict if k not in params]
             if unknown:
                 raise KeyError(f"set_weights: {len(unknown)} name(s) not in the model, e.g. {unknown[:3]}")
@@ -167,8 +167,8 @@ class HFEngine:
         from agent.engines.vllm_worker_ext import iter_safetensors
 
         state = await asyncio.to_thread(lambda: dict(iter_safetensors(checkpoint_dir)))
-        params = {k for k, _ in self.model.named_parameters()}
-        # Tied heads appear under one name in the model; a checkpoint may hold either or both.
+        params = set(self.model.state_dict().keys())
+        # A checkpoint may omit a tied head or carry extra buffers: load the names the model has.
         state = {k: v for k, v in state.items() if k in params}
         if not state:
             raise EngineError(f"{checkpoint_dir} holds no tensor named like this model's parameters")
