@@ -2,6 +2,111 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import typer
 
 app = typer.Typer(no_args_is_help=True)
+
+MODEL_HELP = (
+    "What plays the episodes: vllm:http://host:port[,http://...] (running vLLM servers), local:/ckpt (we serve it "
+    "with vLLM), hf:/ckpt (in-process transformers, tiny models), openai:MODEL@BASE_URL (any OpenAI-compatible chat "
+    "endpoint; key from OPENAI_API_KEY), scripted:FILE.jsonl (test fixture replaying fixed messages)."
+)
+
+
+def _fail(e: Exception) -> typer.Exit:
+    typer.echo(f"error: {e}", err=True)
+    return typer.Exit(2)
+
+
+@app.command("swebench")
+def swebench_cmd(
+    model: str = typer.Option(None, "--model", help=MODEL_HELP),
+    dataset: str = typer.Option(
+        "SWE-bench/SWE-bench_Verified",
+        "--dataset",
+        help="A SWE-bench-format file (.jsonl/.json/.parquet, e.g. from `sao tasks build`), `offline` (the small "
+        "cached offline task set) or a Hugging Face dataset name (needs the hub, or HF_HUB_OFFLINE=1 and a cache).",
+    ),
+    instances: list[str] = typer.Option([], "--instances", help="Instance ids to run (repeatable or comma-separated)."),
+    workers: int = typer.Option(2, "--workers", help="Instances run at once."),
+    out: Path = typer.Option(Path("eval-swebench"), "--out", help="Output folder; rerun with it to resume."),
+    max_steps: int = typer.Option(50, "--max-steps", help="Env steps per episode (the repo is graded at the limit)."),
+    grade_only: Path = typer.Option(
+        None, "--grade-only", help="Grade this predictions file (.jsonl/.json) with the official harness; no agent."
+    ),
+    harness: bool = typer.Option(False, "--harness/--no-harness", help="Also grade with the official harness."),
+    split: str = typer.Option("test", "--split", help="Split of a Hugging Face dataset."),
+    tokenizer: str = typer.Option(
+        None, "--tokenizer", help="Tokenizer dir for vllm:/local:/hf: (default: the model's)."
+    ),
+    max_context: int = typer.Option(32768, "--max-context", help="Context length in tokens (token engines)."),
+    max_tokens: int = typer.Option(4096, "--max-tokens", help="Tokens sampled per turn at most."),
+    temperature: float = typer.Option(0.0, "--temperature", help="Sampling temperature."),
+) -> None:
+    """Evaluate on SWE-bench-format instances: predictions.jsonl, trajectories, resolved/total, report.json."""
+    import asyncio
+
+    from benchmarks.eval_common import EvalError
+    from benchmarks.eval_swebench import SWEEvalConfig, print_summary, run_swebench
+
+    ids = tuple(i.strip() for v in instances for i in v.split(",") if i.strip())
+    try:
+        if grade_only is not None:
+            from benchmarks.eval_harness import grade_only as run_grade_only
+
+            report: dict[str, Any] = run_grade_only(grade_only, dataset, out, workers=workers, split=split)
+        else:
+            if not model:
+                raise EvalError("--model is required (or --grade-only PREDICTIONS)")
+            cfg = SWEEvalConfig(
+                model=model, dataset=dataset, out=out, instances=ids, workers=workers, max_steps=max_steps,
+                split=split, tokenizer=tokenizer, max_context_tokens=max_context, max_action_tokens=max_tokens,
+                temperature=temperature, harness=harness,
+            )  # fmt: skip
+            report = asyncio.run(run_swebench(cfg))
+    except (EvalError, ValueError, FileNotFoundError) as e:
+        raise _fail(e) from e
+    print_summary(report)
+    typer.echo(f"report: {out / 'report.json'}")
+
+
+@app.command("math")
+def math_cmd(
+    model: str = typer.Option(..., "--model", help=MODEL_HELP),
+    dataset: str = typer.Option(
+        "aime25", "--dataset", help="aime25 | aime24 | imo_answerbench | a .jsonl/.json/.csv/.parquet file."
+    ),
+    tools: str = typer.Option("python", "--tools", help="python: a sandboxed python tool; none: one plain answer."),
+    samples: int = typer.Option(1, "--samples", help="Samples per problem (k of avg@k and pass@k)."),
+    limit: int = typer.Option(None, "--limit", help="Only the first n problems."),
+    out: Path = typer.Option(Path("eval-math"), "--out", help="Output folder (report.json, per-problem CSV)."),
+    workers: int = typer.Option(8, "--workers", help="Episodes run at once."),
+    max_steps: int = typer.Option(10, "--max-steps", help="Turns per episode with --tools python."),
+    tokenizer: str = typer.Option(
+        None, "--tokenizer", help="Tokenizer dir for vllm:/local:/hf: (default: the model's)."
+    ),
+    max_context: int = typer.Option(32768, "--max-context", help="Context length in tokens (token engines)."),
+    max_tokens: int = typer.Option(8192, "--max-tokens", help="Tokens sampled per turn at most."),
+    temperature: float = typer.Option(0.6, "--temperature", help="Sampling temperature."),
+    top_p: float = typer.Option(0.95, "--top-p", help="Nucleus sampling."),
+) -> None:
+    """Evaluate on a math benchmark: avg@k and pass@k with math-verify grading, per-problem CSV, report.json."""
+    import asyncio
+
+    from benchmarks.eval_common import EvalError
+    from benchmarks.eval_math import MathEvalConfig, print_summary, run_math
+
+    try:
+        cfg = MathEvalConfig(
+            model=model, dataset=dataset, out=out, tools=tools, samples=samples, limit=limit, workers=workers,
+            max_steps=max_steps, tokenizer=tokenizer, max_context_tokens=max_context, max_action_tokens=max_tokens,
+            temperature=temperature, top_p=top_p,
+        )  # fmt: skip
+        report = asyncio.run(run_math(cfg))
+    except (EvalError, ValueError, FileNotFoundError) as e:
+        raise _fail(e) from e
+    print_summary(report)
+    typer.echo(f"report: {out / 'report.json'}")

@@ -1,0 +1,307 @@
+"""``sao eval swebench``: run an agent on SWE-bench-format instances in ``SWEEnv``, write predictions, grade, report.
+
+Per instance (at most ``workers`` at once): a fresh ``SWEEnv`` episode; when it ends the env has graded the repo's
+diff in a fresh container with the swebench grading functions (an episode cut by the agent's own limits is
+graded here the same way). Written as each instance finishes, flushed and fsynced, in ``--out``:
+``predictions.jsonl`` (official format: ``instance_id``, ``model_name_or_path``, ``model_patch``),
+``trajectories.jsonl`` and ``results.jsonl`` (our verdict per instance). A rerun with the same ``--out`` skips
+instances that already have a prediction and a result (infra failures are retried). ``report.json`` and a table
+sum up: resolved / total, with infrastructure failures (Docker, grader, engine) counted apart from unresolved.
+``--harness`` also grades the predictions with the official ``swebench.harness.run_evaluation``
+(``benchmarks.eval_harness``); ``--grade-only`` does only that, on an existing predictions file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from agent.records import Trajectory, write_jsonl
+from benchmarks.eval_common import (
+    EvalError,
+    EvalModel,
+    append_jsonl,
+    build_model,
+    parse_model_spec,
+    progress,
+    read_jsonl_records,
+    write_json,
+)
+
+OFFLINE_ALIAS = "offline"
+HUB_PROBE_TIMEOUT_S = 3.0
+
+
+@dataclass(frozen=True)
+class SWEEvalConfig:
+    """Options of ``sao eval swebench`` (see ``sao eval swebench --help``)."""
+
+    model: str
+    dataset: str
+    out: Path
+    instances: tuple[str, ...] = ()
+    workers: int = 2
+    max_steps: int = 50
+    split: str = "test"
+    tokenizer: str | None = None
+    max_context_tokens: int = 32768
+    max_action_tokens: int = 4096
+    temperature: float = 0.0
+    grade_timeout_s: float = 1800.0
+    harness: bool = False
+
+    def __post_init__(self) -> None:
+        if self.workers < 1:
+            raise EvalError(f"--workers must be >= 1, got {self.workers}")
+        if self.max_steps < 1:
+            raise EvalError(f"--max-steps must be >= 1, got {self.max_steps}")
+
+
+# ---- dataset ---------------------------------------------------------------------------------------------------
+def _hub_reachable() -> bool:
+    import httpx
+    from huggingface_hub import constants
+
+    try:
+        httpx.head(constants.ENDPOINT, timeout=HUB_PROBE_TIMEOUT_S)
+        return True
+    except httpx.HTTPError:
+        return False
+
+
+def _offline_mode() -> bool:
+    return any(os.environ.get(v, "").lower() in ("1", "true", "yes") for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
+
+
+def load_swe_dataset(dataset: str, instances: tuple[str, ...] = (), split: str = "test") -> list[dict[str, Any]]:
+    """Validated records of a local file, the cached offline task set (``offline``) or a Hugging Face dataset."""
+    from envs.swe.tasks.instance import load_instances, validate_instance
+
+    path = Path(dataset).expanduser()
+    if dataset == OFFLINE_ALIAS:
+        from envs.swe.tasks import ensure_offline_tasks
+
+        records = ensure_offline_tasks()
+    elif path.exists() or path.suffix in (".json", ".jsonl", ".parquet"):
+        if path.suffix == ".parquet" and path.exists():
+            from datasets import load_dataset
+
+            records = [validate_instance(dict(r)) for r in load_dataset("parquet", data_files=str(path), split="train")]
+        else:
+            records = load_instances(path)
+    else:
+        if not _offline_mode() and not _hub_reachable():
+            raise EvalError(
+                f"--dataset {dataset}: the Hugging Face Hub is not reachable from here (no answer in "
+                f"{HUB_PROBE_TIMEOUT_S:g} s). Pass a local file instead (--dataset FILE.jsonl|.json|.parquet: export "
+                "the dataset where the hub is reachable, or build offline tasks with `sao tasks build`, or use "
+                f"--dataset {OFFLINE_ALIAS}), or set HF_HUB_OFFLINE=1 to read a copy already in the HF cache"
+            )
+        from datasets import load_dataset
+
+        try:
+            ds = load_dataset(dataset, split=split)
+        except Exception as e:
+            raise EvalError(
+                f"--dataset {dataset}: could not load split {split!r} ({type(e).__name__}: {e}); "
+                "pass a local FILE instead"
+            ) from e
+        records = [validate_instance(dict(r)) for r in ds]
+    if instances:
+        by_id = {r["instance_id"]: r for r in records}
+        unknown = [i for i in instances if i not in by_id]
+        if unknown:
+            raise EvalError(f"--instances: {unknown} not in {dataset} (it has {len(records)} instances)")
+        records = [by_id[i] for i in instances]
+    if not records:
+        raise EvalError(f"--dataset {dataset}: no instances")
+    return records
+
+
+# ---- one instance ----------------------------------------------------------------------------------------------
+def _verdict(resolved: bool | None, infra: str | None) -> str:
+    return "infra_error" if infra else ("resolved" if resolved else "unresolved")
+
+
+async def run_instance(rec: dict[str, Any], model: EvalModel, cfg: SWEEvalConfig) -> tuple[Trajectory, dict[str, Any]]:
+    """One episode on ``rec``; returns its trajectory and result record (never raises for one instance)."""
+    from envs.swe.env import SWEEnv
+
+    iid = rec["instance_id"]
+    t0 = time.perf_counter()
+    env = SWEEnv(max_steps=cfg.max_steps, grade_timeout_s=cfg.grade_timeout_s)
+    report: dict[str, Any] | None = None
+    try:
+        # One turn past the env's step limit: the env's own limit ends (and grades) the episode first.
+        traj = await model.run(env, rec, iid, max_turns=cfg.max_steps + 1)
+        infra = traj.info.get("infra_error")
+        report = traj.info.get("report")
+        if report is None and not infra:
+            # The agent stopped (context full, turn cap) with the env still open: grade the repo as it stands.
+            grade = await env.on_truncation(str(traj.info.get("truncation_reason", "agent_limit")))
+            if grade is not None:
+                report = grade.report
+                traj.info.update(report=report, solved=grade.solved)
+    except Exception as e:  # one instance's failure (Docker, engine, grader) must not end the run
+        infra = f"{type(e).__name__}: {e}"
+        traj = Trajectory(iid, "sao/SWE-v0", (), 0.0, "infra_error", {"infra_error": infra}, {})
+    finally:
+        try:
+            await env.aclose()
+        except Exception:  # closing a broken sandbox must not hide the verdict
+            pass
+    resolved = bool(report and report.get("resolved"))
+    patch = (report or {}).get("model_patch", "")
+    result = {
+        "instance_id": iid,
+        "verdict": _verdict(resolved, infra),
+        "resolved": resolved,
+        "turns": traj.info.get("turns", 0),
+        "episode_status": traj.status,
+        "truncation_reason": traj.info.get("truncation_reason"),
+        "patch_lines": patch.count("\n") if patch else 0,
+        "patch_applied": (report or {}).get("patch_successfully_applied", bool(patch)),
+        "error": infra,
+        "seconds": round(time.perf_counter() - t0, 2),
+    }
+    return traj, result
+
+
+# ---- run -------------------------------------------------------------------------------------------------------
+def finished(out: Path) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
+    """(predictions, results) already in ``out`` by instance id (last line wins)."""
+    preds = {r["instance_id"]: r for _, r in read_jsonl_records(out / "predictions.jsonl") if "instance_id" in r}
+    results = {r["instance_id"]: r for _, r in read_jsonl_records(out / "results.jsonl") if "instance_id" in r}
+    return preds, results
+
+
+async def run_swebench(cfg: SWEEvalConfig) -> dict[str, Any]:
+    """Run (or resume) the evaluation in ``cfg.out``; return the report (also written to ``report.json``)."""
+    spec = parse_model_spec(cfg.model)
+    records = load_swe_dataset(cfg.dataset, cfg.instances, cfg.split)
+    out = cfg.out
+    out.mkdir(parents=True, exist_ok=True)
+    preds, results = finished(out)
+    done = {i for i, r in results.items() if i in preds and r.get("verdict") != "infra_error"}
+    todo = [r for r in records if r["instance_id"] not in done]
+    t0 = time.perf_counter()
+    if todo:
+        model = await build_model(
+            spec, tokenizer=cfg.tokenizer, max_context_tokens=cfg.max_context_tokens,
+            max_action_tokens=cfg.max_action_tokens, temperature=cfg.temperature,
+        )  # fmt: skip
+        try:
+            model.check_tasks([r["instance_id"] for r in todo])
+            await _run_all(todo, model, cfg, len(records) - len(todo))
+        finally:
+            await model.close()
+    preds, results = finished(out)
+    ids = [r["instance_id"] for r in records]
+    rows = [results[i] for i in ids if i in results]
+    report = summarize(rows, ids, model=spec.name, dataset=cfg.dataset, skipped=len(records) - len(todo))
+    report["wall_s"] = round(time.perf_counter() - t0, 1)
+    report["config"] = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(cfg).items()}
+    if cfg.harness:
+        from benchmarks.eval_harness import grade_with_harness
+
+        chosen = [preds[i] for i in ids if i in preds]
+        report["harness"] = grade_with_harness(chosen, records, out / "harness", workers=cfg.workers)
+        ours = {r["instance_id"]: r["verdict"] for r in rows}
+        report["harness_disagreements"] = sorted(
+            i for i, v in report["harness"]["verdicts"].items() if i in ours and v != ours[i]
+        )
+    write_json(out / "report.json", report)
+    return report
+
+
+async def _run_all(todo: list[dict[str, Any]], model: EvalModel, cfg: SWEEvalConfig, skipped: int) -> None:
+    out = cfg.out
+    slots = asyncio.Semaphore(cfg.workers)
+    lock = asyncio.Lock()
+    counts = {"resolved": 0, "unresolved": 0, "infra_error": 0}
+    with progress(len(todo), "swebench") as bar:
+        task = bar.add_task(f"{skipped} done before" if skipped else "", total=len(todo))
+
+        async def one(rec: dict[str, Any]) -> None:
+            async with slots:
+                traj, result = await run_instance(rec, model, cfg)
+            async with lock:
+                await asyncio.to_thread(write_jsonl, out / "trajectories.jsonl", [traj])
+                if result["verdict"] != "infra_error":
+                    patch = (traj.info.get("report") or {}).get("model_patch", "")
+                    pred = {"instance_id": rec["instance_id"], "model_name_or_path": model.spec.name}
+                    await asyncio.to_thread(append_jsonl, out / "predictions.jsonl", {**pred, "model_patch": patch})
+                # The result line comes last: it marks the instance finished for a resumed run.
+                await asyncio.to_thread(append_jsonl, out / "results.jsonl", result)
+                counts[result["verdict"]] += 1
+                desc = (
+                    f"resolved {counts['resolved']}, unresolved {counts['unresolved']}, infra {counts['infra_error']}"
+                )
+                bar.update(task, advance=1, description=desc)
+
+        await asyncio.gather(*(one(r) for r in todo))
+
+
+def summarize(
+    rows: list[dict[str, Any]], ids: list[str], *, model: str, dataset: str, skipped: int = 0
+) -> dict[str, Any]:
+    """The report: totals and per-instance rows. ``resolved_rate`` is over all selected instances."""
+    by = {
+        v: sorted(r["instance_id"] for r in rows if r["verdict"] == v)
+        for v in ("resolved", "unresolved", "infra_error")
+    }
+    n_res = len(by["resolved"])
+    return {
+        "model": model,
+        "dataset": dataset,
+        "total": len(ids),
+        "resolved": n_res,
+        "unresolved": len(by["unresolved"]),
+        "infra_errors": len(by["infra_error"]),
+        "not_run": sorted(set(ids) - {r["instance_id"] for r in rows}),
+        "resolved_rate": n_res / len(ids) if ids else 0.0,
+        "resolved_ids": by["resolved"],
+        "unresolved_ids": by["unresolved"],
+        "infra_error_ids": by["infra_error"],
+        "skipped_already_done": skipped,
+        "instances": rows,
+    }
+
+
+def print_summary(report: dict[str, Any]) -> None:
+    """One screen: a per-instance table, then resolved/total and the infra failures listed apart."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    table = Table(title=f"SWE-bench eval: {report['model']} on {report['dataset']}")
+    for col in ("instance", "verdict", "turns", "patch lines", "seconds", "note"):
+        table.add_column(col)
+    style = {"resolved": "green", "unresolved": "yellow", "infra_error": "red"}
+    for r in report["instances"]:
+        note = r.get("error") or r.get("truncation_reason") or ""
+        table.add_row(
+            r["instance_id"], f"[{style[r['verdict']]}]{r['verdict']}", str(r.get("turns", "")),
+            str(r.get("patch_lines", "")), str(r.get("seconds", "")), str(note)[:80],
+        )  # fmt: skip
+    console.print(table)
+    console.print(
+        f"[bold]resolved {report['resolved']}/{report['total']}[/bold] ({100 * report['resolved_rate']:.1f}%), "
+        f"unresolved {report['unresolved']}, infra errors {report['infra_errors']}"
+        + (f", not run {len(report['not_run'])}" if report.get("not_run") else "")
+    )
+    if report["infra_error_ids"]:
+        console.print("[red]infrastructure failures (not counted as unresolved; rerun to retry):[/red]")
+        for r in report["instances"]:
+            if r["verdict"] == "infra_error":
+                console.print(f"  {r['instance_id']}: {r.get('error')}")
+    harness = report.get("harness")
+    if harness:
+        console.print(
+            f"official harness: resolved {harness['resolved']}/{harness['total']}, infra errors "
+            f"{harness['infra_errors']}; disagreements with the env grading: {report.get('harness_disagreements')}"
+        )
