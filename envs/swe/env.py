@@ -101,8 +101,10 @@ class SWEEnv(ToolEnv):
         return self._tasks[int(rng.integers(len(self._tasks)))]
 
     def parse_task(self, task: Any) -> dict[str, Any]:
-        from envs.swe.tasks.instance import validate_instance
+        from envs.swe.tasks.instance import validate_instance, with_official_image
 
+        if isinstance(task, dict):
+            task = with_official_image(task)
         return copy.deepcopy(validate_instance(task))
 
     def task_info(self, task: Any) -> dict[str, Any]:

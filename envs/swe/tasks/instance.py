@@ -115,6 +115,16 @@ def validate_instance(record: Any) -> dict[str, Any]:
     return record
 
 
+def with_official_image(record: dict[str, Any]) -> dict[str, Any]:
+    """A copy of ``record`` with ``image`` filled in, when absent, by the official SWE-bench naming
+    (``swebench/sweb.eval.x86_64.<id>:latest``), as for instances of SWE-bench Verified."""
+    if record.get("image") or not isinstance(record.get("instance_id"), str):
+        return record
+    from swebench.task.checks import expected_image
+
+    return {**record, "image": expected_image(record["instance_id"])}
+
+
 def load_instances(path: str | Path) -> list[dict[str, Any]]:
     """Read and validate a JSONL (or JSON list) of instances; errors name the file and line."""
     p = Path(path)

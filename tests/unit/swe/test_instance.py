@@ -9,7 +9,13 @@ from typing import Any
 import pytest
 
 from envs.swe.tasks.fetch import SdistSpec
-from envs.swe.tasks.instance import eval_script, load_instances, problem_statement, validate_instance
+from envs.swe.tasks.instance import (
+    eval_script,
+    load_instances,
+    problem_statement,
+    validate_instance,
+    with_official_image,
+)
 from envs.swe.tasks.runner import failure_excerpts, parse_pytest
 
 
@@ -123,3 +129,10 @@ def test_sdist_spec_parsing() -> None:
     assert (s.name, s.version, s.slug) == ("more-itertools", "11.2.1", "more-itertools")
     with pytest.raises(ValueError, match="name==version"):
         SdistSpec.parse("click>=8")
+
+
+def test_official_instances_get_the_published_image_name() -> None:
+    rec = record(instance_id="django__django-11099")
+    del rec["image"]
+    assert with_official_image(rec)["image"] == "swebench/sweb.eval.x86_64.django_1776_django-11099:latest"
+    assert with_official_image(record())["image"] == "sao-swe-demo:1.0-bug-000"
