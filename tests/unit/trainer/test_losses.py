@@ -105,7 +105,7 @@ def test_dis_normalizer_and_entropy() -> None:
     assert float(metrics["entropy"]) == pytest.approx(float(ent), rel=1e-5)
     assert float(entropy_from_logits(logits, mask, chunk_tokens=2)) == pytest.approx(float(ent), rel=1e-5)
     loss2, _ = dis_policy_loss(logp, logp, torch.ones(2, 5), mask, 0.2, 0.2, normalizer=12.0)
-    assert float(loss2) == pytest.approx(float(loss) * 6 / 12, rel=1e-6)
+    assert float(loss2.detach()) == pytest.approx(float(loss.detach()) * 6 / 12, rel=1e-6)
 
 
 def test_dis_bad_input() -> None:
@@ -143,10 +143,10 @@ def test_ppo_clip_matches_reference(
     m = mask.flatten().tolist()
     per = _ppo_ref(logp.flatten().tolist(), old.flatten().tolist(), adv.flatten().tolist(), lo, hi)
     expected = sum(p for p, k in zip(per, m, strict=True) if k) / max(sum(m), 1)
-    assert float(loss) == pytest.approx(expected, rel=1e-9, abs=1e-12)
+    assert float(loss.detach()) == pytest.approx(expected, rel=1e-9, abs=1e-12)
     # decoupled PPO with a behaviour policy equal to the proximal one is plain PPO
     loss2, met = decoupled_ppo_loss(logp, old, old, adv, mask, lo, hi)
-    assert float(loss2) == pytest.approx(expected, rel=1e-9, abs=1e-12)
+    assert float(loss2.detach()) == pytest.approx(expected, rel=1e-9, abs=1e-12)
     assert float(met["behavior_drop_frac"]) == 0.0
 
 
@@ -183,14 +183,14 @@ def test_value_loss_clipped_and_plain() -> None:
     mask = torch.tensor([[1, 1, 0, 1]], dtype=torch.bool)
     loss, metrics = value_loss(values, old, returns, mask, clip=0.5)
     # token 0: max((1-2)^2, (0.5-2)^2) = 2.25 ; token 1: max(1, 1) = 1 ; token 3: max(25, 0.25) = 25
-    assert float(loss) == pytest.approx(0.5 * (2.25 + 1.0 + 25.0) / 3)
+    assert float(loss.detach()) == pytest.approx(0.5 * (2.25 + 1.0 + 25.0) / 3)
     assert float(metrics["vf_clip_frac"]) == pytest.approx(1 / 3)
     loss.backward()
     assert values.grad is not None
     assert float(values.grad[0, 0]) == 0.0  # the clipped branch is active: no gradient through it
     assert float(values.grad[0, 2]) == 0.0  # masked
     plain, _ = value_loss(values, old, returns, mask, clip=None)
-    assert float(plain) == pytest.approx(0.5 * (1.0 + 1.0 + 25.0) / 3)
+    assert float(plain.detach()) == pytest.approx(0.5 * (1.0 + 1.0 + 25.0) / 3)
     with pytest.raises(ValueError, match="clip"):
         value_loss(values, old, returns, mask, clip=-1.0)
     with pytest.raises(ValueError, match="returns has NaN"):
@@ -214,11 +214,11 @@ def test_policy_loss_registry() -> None:
         logp=x, rollout_logp=torch.zeros(1, 3), advantages=torch.ones(1, 3), action_mask=torch.ones(1, 3)
     )
     loss, metrics = get_policy_loss("dis")(inputs)
-    assert float(loss) == pytest.approx(0.0) and "mask_frac_low" in metrics
+    assert float(loss.detach()) == pytest.approx(0.0) and "mask_frac_low" in metrics
     with pytest.raises(ValueError, match="old_logp"):
         get_policy_loss("ppo_clip")(inputs)
     with pytest.raises(ValueError, match="known: "):
         get_policy_loss("reinforce++")
     for name in ("ppo_clip", "decoupled_ppo"):
         loss, _ = get_policy_loss(name)(PolicyLossInputs(**{**inputs.__dict__, "old_logp": torch.zeros(1, 3)}))
-        assert float(loss) == pytest.approx(-1.0)
+        assert float(loss.detach()) == pytest.approx(-1.0)
