@@ -99,12 +99,53 @@ def _raw_socket(sock: Any) -> socket.socket:
     return getattr(sock, "_sock", sock)  # type: ignore[no-any-return]
 
 
-def pump_frames(sock: socket.socket, capper: OutputCapper, deadline: float, buf: bytearray) -> bool:
-    """Read Docker's multiplexed stream frames (8-byte header: stream, 0, 0, 0, big-endian length) into
-    ``capper`` until EOF (True) or ``deadline`` (False). ``buf`` keeps a partial frame between calls."""
+def _buffered_ahead(sock: Any, raw: socket.socket) -> bytes:
+    """Bytes the HTTP client may have read past the upgrade response into its buffer (never seen here, but
+    reading only the raw socket would silently drop them)."""
+    response = getattr(sock, "_response", None)
+    fp = getattr(getattr(getattr(response, "raw", None), "_fp", None), "fp", None)
+    if fp is None or not hasattr(fp, "peek"):
+        return b""
+    old = raw.gettimeout()
+    raw.settimeout(0.0)  # peek() on an empty buffer reads the socket: it must not block
+    try:
+        ahead = fp.peek()
+        return bytes(fp.read1(len(ahead))) if ahead else b""
+    except (BlockingIOError, OSError, ValueError):
+        return b""
+    finally:
+        raw.settimeout(old)
+
+
+class _Framer:
+    """Incremental parser of Docker's multiplexed exec stream: frames of an 8-byte header (stream, 0, 0, 0,
+    big-endian payload length) and a payload; payloads go to the capper, stdout and stderr interleaved."""
+
+    def __init__(self, capper: OutputCapper) -> None:
+        self.capper = capper
+        self.buf = bytearray()
+        self.need_payload = 0
+
+    def feed(self, chunk: bytes) -> None:
+        buf = self.buf
+        buf += chunk
+        while buf:
+            if self.need_payload:
+                take = min(self.need_payload, len(buf))
+                self.capper.feed(bytes(buf[:take]))
+                del buf[:take]
+                self.need_payload -= take
+                continue
+            if len(buf) < 8:
+                break
+            self.need_payload = int.from_bytes(buf[4:8], "big")
+            del buf[:8]
+
+
+def pump_frames(sock: socket.socket, framer: _Framer, deadline: float) -> bool:
+    """Feed the exec stream into ``framer`` until EOF (True) or ``deadline`` (False)."""
     poller = select.poll()
     poller.register(sock, select.POLLIN | select.POLLPRI | select.POLLHUP)
-    need_payload = 0  # bytes still owed to the current frame's payload
     while True:
         pending = getattr(sock, "pending", None)
         if not (pending and pending()):
@@ -119,18 +160,7 @@ def pump_frames(sock: socket.socket, capper: OutputCapper, deadline: float, buf:
             return True  # the daemon closed the stream abruptly: the exec is over
         if not chunk:
             return True
-        buf += chunk
-        while buf:
-            if need_payload:
-                take = min(need_payload, len(buf))
-                capper.feed(bytes(buf[:take]))
-                del buf[:take]
-                need_payload -= take
-                continue
-            if len(buf) < 8:
-                break
-            need_payload = int.from_bytes(buf[4:8], "big")
-            del buf[:8]
+        framer.feed(chunk)
 
 
 def _tar_one(name: str, data: bytes, mode: int = 0o644) -> bytes:
@@ -286,15 +316,16 @@ class DockerSandbox:
             raise _unavailable(self.cfg.docker_host, e) from e
         capper = OutputCapper(self.cfg.output_cap_bytes)
         raw = _raw_socket(sock)
-        buf = bytearray()
+        framer = _Framer(capper)
         forced = False
         try:
-            done = pump_frames(raw, capper, t0 + timeout + self.cfg.kill_grace_s, buf)
+            framer.feed(_buffered_ahead(sock, raw))
+            done = pump_frames(raw, framer, t0 + timeout + self.cfg.kill_grace_s)
             if not done:
                 # Something outlived `timeout` (it left the process group) and holds the output open.
                 forced = True
                 self._kill_all_blocking()
-                done = pump_frames(raw, capper, time.monotonic() + self.cfg.kill_grace_s, buf)
+                done = pump_frames(raw, framer, time.monotonic() + self.cfg.kill_grace_s)
             if not done:
                 raise SandboxError(f"command in container {self.id[:12]} could not be stopped after its timeout")
         finally:
@@ -346,7 +377,9 @@ class DockerSandbox:
     def _kill_all_blocking(self) -> None:
         """Kill every process in the container except PID 1 (the container stays)."""
         with contextlib.suppress(Exception):
-            self.client.api.exec_start(self._exec_create(["kill", "-9", "-1"], None, None, "0"), detach=True)
+            # As the commands' own user: root without CAP_KILL cannot signal another uid's processes.
+            argv = ["kill", "-9", "-1"]
+            self.client.api.exec_start(self._exec_create(argv, None, None, self.cfg.user or ""), detach=True)
 
     # ---- files ---------------------------------------------------------------------------------------------------
     async def read_file(self, path: str) -> str:

@@ -62,11 +62,12 @@ async def test_timeout_kills_command_not_container(docker_cfg: SandboxConfig) ->
         assert (await sb.exec("echo alive", timeout=10)).output == "alive\n"
 
 
+@pytest.mark.timeout(400)  # ~5 s on an idle 2-core machine; minutes when the daemon shares the cores
 async def test_one_gigabyte_of_output_is_capped(docker_cfg: SandboxConfig) -> None:
     cfg = SandboxConfig(**{**docker_cfg.__dict__, "output_cap_bytes": 4096})
     async with await DockerSandbox.create(cfg) as sb:
         rss_before_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        r = await sb.exec("echo START; head -c 1G /dev/zero | tr '\\0' a; echo; echo END", timeout=90)
+        r = await sb.exec("echo START; head -c 1G /dev/zero | tr '\\0' a; echo; echo END", timeout=300)
         grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before_kib) / 1024
     assert r.exit_code == 0 and r.truncated and not r.timed_out
     assert r.output.startswith("START\naaaa") and r.output.endswith("aaaa\nEND\n")
@@ -181,3 +182,11 @@ def test_reaper_removes_only_containers_of_dead_owners(docker_client: Any, base_
     finally:
         for cid in made:
             subprocess.run(["docker", "rm", "-f", cid], capture_output=True)
+
+
+async def test_non_root_user_when_configured(docker_cfg: SandboxConfig) -> None:
+    async with await DockerSandbox.create(SandboxConfig(**{**docker_cfg.__dict__, "user": "nobody"})) as sb:
+        assert (await sb.exec("id -u", timeout=10)).output == "65534\n"
+        r = await sb.exec("touch /etc/x", timeout=10)
+        assert r.exit_code != 0 and "Permission denied" in r.output
+        assert (await sb.exec("sleep 30", timeout=1)).timed_out

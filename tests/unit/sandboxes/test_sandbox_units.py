@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sandboxes.config import PoolConfig, SandboxConfig, parse_bytes
-from sandboxes.docker import pump_frames
+from sandboxes.docker import _Framer, pump_frames
 from sandboxes.factory import sandbox_config_from_dict
 from sandboxes.images import ContextSource, _with_stopsignal, content_hash
 from sandboxes.output import OutputCapper, truncation_marker
@@ -68,7 +68,7 @@ def test_pump_frames_reassembles_split_frames() -> None:
     t = threading.Thread(target=send)
     t.start()
     c = OutputCapper(1 << 20)
-    assert pump_frames(b, c, time.monotonic() + 10, bytearray()) is True
+    assert pump_frames(b, _Framer(c), time.monotonic() + 10) is True
     t.join()
     assert c.data() == b"hello err " + b"x" * 100_000
     b.close()
@@ -79,7 +79,7 @@ def test_pump_frames_returns_false_at_deadline() -> None:
     a.sendall(frames([(1, b"partial")]))
     c = OutputCapper(100)
     t0 = time.monotonic()
-    assert pump_frames(b, c, t0 + 0.3, bytearray()) is False
+    assert pump_frames(b, _Framer(c), t0 + 0.3) is False
     assert 0.25 < time.monotonic() - t0 < 2 and c.data() == b"partial"
     a.close()
     b.close()
@@ -137,3 +137,13 @@ def test_content_hash_follows_inputs(tmp_path: Path) -> None:
 def test_stopsignal_added_once() -> None:
     assert _with_stopsignal("FROM x\n").endswith("STOPSIGNAL SIGKILL\n")
     assert _with_stopsignal("FROM x\nSTOPSIGNAL SIGTERM\n").count("STOPSIGNAL") == 1
+
+
+@given(st.lists(st.tuples(st.sampled_from([1, 2]), st.binary(max_size=50)), max_size=20), st.integers(1, 13))
+def test_framer_any_split(payloads: list[tuple[int, bytes]], step: int) -> None:
+    wire = frames(payloads)
+    c = OutputCapper(1 << 20)
+    f = _Framer(c)
+    for i in range(0, len(wire), step):
+        f.feed(wire[i : i + step])
+    assert c.data() == b"".join(p for _, p in payloads)
