@@ -34,6 +34,7 @@ from sandboxes.config import SandboxConfig
 from sandboxes.protocols import ImageNotFoundError, Sandbox, SandboxError
 
 REPO_DIR = "/testbed"
+PATCH_FILE = "/tmp/sao_model.patch"
 # Our images keep deps in /opt/venv, official SWE-bench images in the conda env "testbed": both go first on PATH.
 PATH = (
     "/opt/venv/bin:/opt/miniconda3/envs/testbed/bin:/opt/miniconda3/bin:"
@@ -154,17 +155,16 @@ class SWEEnv(ToolEnv):
         assert self._sandbox is not None and self._task is not None
         base = shlex.quote(self._task["base_commit"])
         specs = " ".join(shlex.quote(s) for s in TEST_PATHSPECS)
+        # Through a file, not stdout: a big diff must not hit the exec output cap.
         cmd = (
             f"cd {REPO_DIR} && git add -A >/dev/null && "
             f"(git rev-parse -q --verify {base}^{{commit}} >/dev/null && b={base} || b=HEAD) && "
-            f"git -c core.fileMode=false diff --cached --binary $b -- . {specs}"
+            f"git -c core.fileMode=false diff --cached --binary $b -- . {specs} > {PATCH_FILE}"
         )
         res = await self._sandbox.exec(cmd, timeout=120)
         if res.exit_code != 0:
             raise SandboxError(f"`git diff` failed in the sandbox (exit {res.exit_code}): {res.output[-500:]}")
-        if res.truncated:
-            raise SandboxError("the repo diff is larger than the sandbox output cap; raise output_cap_bytes")
-        return res.output
+        return await self._sandbox.read_file(PATCH_FILE)
 
     async def _grade_repo(self) -> Grade:
         from envs.swe.grading import GradingInfraError, grade_patch
