@@ -12,6 +12,7 @@ A leased container is destroyed when it is closed, never handed to another episo
 and with ``per_host_limit`` all pools of this process on the same Docker host together keep at most that many
 containers (idle, starting, leased). A container that cannot be started is reported to the waiting
 ``acquire()`` as its exception (e.g. ``ImageNotFoundError``), and the pool retries after a short back-off.
+The first pool of a process on a Docker host also runs ``reap_orphans()`` (containers of dead owners).
 """
 
 from __future__ import annotations
@@ -23,13 +24,14 @@ import weakref
 from collections.abc import AsyncIterator
 
 from sandboxes.config import PoolConfig, SandboxConfig
-from sandboxes.docker import DockerSandbox
+from sandboxes.docker import DockerSandbox, reap_orphans, run_blocking
 from sandboxes.protocols import SandboxError
 
 _HOST_LIMITS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[str, int], asyncio.Semaphore]] = (
     weakref.WeakKeyDictionary()
 )
 _RETRY_BACKOFF_S = 1.0
+_REAPED_HOSTS: set[tuple[int, str]] = set()
 
 
 def host_limiter(docker_host: str | None, limit: int) -> asyncio.Semaphore:
@@ -63,6 +65,12 @@ class WarmPool:
         """Begin filling the pool in the background (returns at once)."""
         if self.pool.per_host_limit is not None:
             self._host = host_limiter(self.cfg.docker_host, self.pool.per_host_limit)
+        key = (os.getpid(), self.cfg.docker_host or os.environ.get("DOCKER_HOST") or "")
+        if key not in _REAPED_HOSTS:
+            # Once per process and host: remove what crashed runs of this host left behind.
+            _REAPED_HOSTS.add(key)
+            with contextlib.suppress(SandboxError):
+                await run_blocking(reap_orphans, self.cfg.docker_host)
         self._filler = asyncio.create_task(self._fill(), name="sao-warm-pool")
         return self
 
