@@ -40,6 +40,7 @@ class EngineBenchConfig:
     url: str | None = None
     engines: tuple[str, ...] = ("hf", "vllm")
     kv_cache_gib: float = 1.0
+    threads: int = 0
 
 
 @dataclass
@@ -112,6 +113,8 @@ async def _run(cfg: EngineBenchConfig, echo: Any) -> Report:
     from agent.engines.vllm_server import LocalVLLMServer
     from saocore.paths import smollm2_dir
 
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
     model_dir = cfg.model_dir or smollm2_dir()
     if not (Path(model_dir) / "config.json").exists():
         raise FileNotFoundError(f"{model_dir} has no model; run `bash scripts/setup.sh` or pass --model-dir")

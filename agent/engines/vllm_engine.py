@@ -58,6 +58,21 @@ class VLLMEngine:
             transport=transport,
         )
 
+    @classmethod
+    def launch(cls, model_dir: str, *, num_servers: int = 1, **server_kw: Any) -> VLLMEngine:
+        """Start ``num_servers`` local servers on ``model_dir`` (see ``LocalVLLMServer.start``) and own them."""
+        from agent.engines.vllm_server import LocalVLLMServer
+
+        servers: list[Any] = []
+        try:
+            for _ in range(num_servers):
+                servers.append(LocalVLLMServer.start(model_dir, **server_kw))
+        except BaseException:
+            for s in servers:
+                s.stop()
+            raise
+        return cls([s.url for s in servers], servers=servers)
+
     @property
     def version(self) -> int:
         return self._version

@@ -174,3 +174,18 @@ async def test_server_dying_mid_episode_makes_an_infra_error(vllm_server: Any, h
         await engine.close()
     assert traj.status == "infra_error" and "engine" in traj.info["infra_error"]
     assert len(traj.action_segments) == 1  # the first turn (before the failure) is kept
+
+
+async def test_openai_chat_model_plays_an_episode_on_the_chat_endpoint(vllm_server: Any) -> None:
+    import httpx
+
+    from agent.chat_loop import run_chat_episode
+    from agent.engines.openai_chat import OpenAIChatModel
+    from envs.token_game import TokenGameEnv
+
+    name = httpx.get(vllm_server.url + "/v1/models", timeout=30).json()["data"][0]["id"]
+    model = OpenAIChatModel(vllm_server.url + "/v1", name, max_tokens=8)
+    traj = await run_chat_episode(TokenGameEnv(turns=2), model, seed=0)
+    await model.close()
+    assert traj.status == "ok" and traj.info["turns"] == 2 and traj.segments == ()
+    assert [m["role"] for m in traj.info["messages"]][-3:] == ["assistant", "user", "assistant"]
