@@ -20,7 +20,7 @@ from trainer.algos.losses import (
 from trainer.algos.reference import dis_weights_loop
 from trainer.algos.registry import PolicyLossInputs, get_policy_loss, policy_loss_names
 
-FAST = settings(max_examples=60, deadline=None)
+FAST = settings(max_examples=40, deadline=None)
 
 
 @st.composite
