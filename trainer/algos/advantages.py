@@ -115,6 +115,7 @@ def _masked_gae(
     b, t = _check_same_shape(rewards=rewards, values=values, action_mask=mask)
     _check_gamma_lam(gamma, lam)
     out_dtype = torch.promote_types(values.dtype, torch.float32)
+    rewards, values = rewards.detach(), values.detach()  # advantages and returns are targets: no gradient
     m = mask.bool()
     fi, n_groups, width = _compact_index(m, seq_ids)
     if n_groups == 0:

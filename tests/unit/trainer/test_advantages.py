@@ -120,6 +120,12 @@ def test_two_turn_trajectory_by_hand() -> None:
     torch.testing.assert_close(adv_tok, ref, rtol=1e-9, atol=1e-12)
 
 
+def test_targets_carry_no_gradient() -> None:
+    values = torch.randn(2, 5, requires_grad=True)
+    adv, ret = skip_observation_gae(torch.ones(2, 5), values, torch.ones(2, 5), 0.9, 0.9)
+    assert not adv.requires_grad and not ret.requires_grad
+
+
 def test_all_masked_rows_and_empty_batch_give_zeros() -> None:
     z = torch.zeros(3, 4)
     adv, ret = skip_observation_gae(torch.ones(3, 4), torch.ones(3, 4), z, 0.9, 0.9)
