@@ -123,11 +123,9 @@ def _try(box: BuilderContainer, cand: _Candidate, baseline: dict[str, str], cfg:
         return None
     try:
         box.write(m.path, m.source)
-        quick = box.pytest(cand.test_files, "-x -q --tb=no", timeout=60)
-        if quick.exit_code != 1:  # 0: survived; 2+: collection/usage error; 124: timeout
-            return None
-        run = box.pytest(cand.test_files, "--tb=short", timeout=180)
-        if run.exit_code != 1:
+        # One run: a survivor needs the whole files anyway, and --maxfail stops early on bugs that break too much.
+        run = box.pytest(cand.test_files, f"--tb=short --maxfail={cfg.max_f2p + 1}", timeout=180)
+        if run.exit_code != 1:  # 0: survived; 2+: collection/usage error; 124: timeout
             return None
         f2p = sorted(t for t, s in run.status.items() if s in FAILING and baseline.get(t) == "PASSED")
         if not 1 <= len(f2p) <= cfg.max_f2p:
