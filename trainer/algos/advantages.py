@@ -13,8 +13,8 @@ import torch
 
 from trainer.algos.registry import AdvantageInputs, register_advantage
 
-# Chunk width of the blocked reverse scan: the per-chunk work is a [L/C, C] x [C, C] matmul, and the carry
-# between chunks a second (much smaller) one, so nothing loops in Python.
+# Chunk width of the blocked reverse scan: the per-chunk work is a [L/C, C] x [C, C] matmul and the carry
+# between chunks the same scan on L/C heads, so Python only recurses log_C(L) times.
 _CHUNK = 32
 
 
@@ -36,8 +36,8 @@ def _discounted_reverse_cumsum(x: torch.Tensor, c: float) -> torch.Tensor:
     """``y[:, k] = sum_{j >= k} c**(j - k) * x[:, j]`` for a ``[G, L]`` float tensor, without a Python loop.
 
     Blocked scan: inside each chunk of width C the sum is a matmul with the upper-triangular matrix of powers
-    ``c**(j - k)``; the chunk heads then obey the same recursion with factor ``c**C`` across chunks (a second,
-    smaller matmul), and each token adds ``c**(C - k)`` times the next chunk's head. All powers are <= 1, so
+    ``c**(j - k)``; the chunk heads then obey the same recursion with factor ``c**C`` (solved by recursing on
+    the ``[G, L/C]`` heads), and each token adds ``c**(C - k)`` times the next chunk's head. All powers are <= 1, so
     nothing overflows; terms far apart underflow to 0, which is their true value to the dtype's precision.
     """
     g, n = x.shape
@@ -51,10 +51,8 @@ def _discounted_reverse_cumsum(x: torch.Tensor, c: float) -> torch.Tensor:
     inner = torch.where(diff >= 0, torch.pow(c, diff.clamp(min=0)), 0.0)  # c**0 == 1 even for c == 0
     local = xp @ inner.T  # local[., i, k] = sum_{j >= k in chunk i} c**(j-k) x[j]
     if nc > 1:
-        arc = torch.arange(nc, device=x.device, dtype=x.dtype)
-        dc = arc[None, :] - arc[:, None]
-        outer = torch.where(dc >= 0, torch.pow(c**width, dc.clamp(min=0)), 0.0)
-        heads = local[:, :, 0] @ outer.T  # final value at each chunk's first token
+        # the chunk heads follow the same recursion with factor c**C: recurse (depth log_C(L), memory O(G*L))
+        heads = _discounted_reverse_cumsum(local[:, :, 0].contiguous(), c**width)
         nxt = torch.nn.functional.pad(heads[:, 1:], (0, 1))  # head of the following chunk, 0 after the last
         local = local + torch.pow(c, width - ar)[None, None, :] * nxt[:, :, None]
     out = local.reshape(g, nc * width)

@@ -146,6 +146,19 @@ def test_long_rows_cross_many_chunks() -> None:
         torch.testing.assert_close(ret, ref_ret, rtol=1e-9, atol=1e-9)
 
 
+@pytest.mark.parametrize("c", [0.0, 0.5, 0.97, 1.0])
+def test_blocked_scan_matches_the_recursion_at_every_depth(c: float) -> None:
+    from trainer.algos.advantages import _discounted_reverse_cumsum
+
+    # 35000 > 32**3 steps: the chunk heads recurse three levels deep
+    x = torch.randn(1, 35000, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    ref, acc = [0.0] * x.shape[1], 0.0
+    for k, xk in reversed(list(enumerate(x[0].tolist()))):
+        acc = xk + c * acc
+        ref[k] = acc
+    torch.testing.assert_close(_discounted_reverse_cumsum(x, c)[0], torch.tensor(ref, dtype=torch.float64))
+
+
 def test_bad_input_is_a_clear_value_error() -> None:
     x = torch.zeros(2, 3)
     with pytest.raises(ValueError, match="one shape"):
