@@ -84,7 +84,7 @@ class BwrapSandbox:
         """The full bwrap command line for ``cmd`` (public for inspection and tests)."""
         args = [self.bwrap, *_root_args(self.cfg.bwrap_ro_binds)]
         args += ["--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
-        args += ["--bind", str(self.host_workdir), WORK_MOUNT, "--chdir", workdir or self.cfg.workdir or WORK_MOUNT]
+        args += ["--bind", str(self.host_workdir), WORK_MOUNT, "--chdir", WORK_MOUNT]
         args += ["--unshare-all", "--die-with-parent", "--new-session"]
         if self.cfg.network == "host":
             args += ["--share-net"]
@@ -93,7 +93,11 @@ class BwrapSandbox:
             args += ["--setenv", k, v]
         kib = self.cfg.mem_bytes // 1024
         # `ulimit -v` before exec: the limit binds the command and all its children; they cannot raise it.
-        args += ["/bin/sh", "-c", 'ulimit -v "$1" && shift && exec "$@"', "sh", str(kib), *self.cfg.shell, cmd]
+        # The shell (not bwrap) changes directory, so a missing workdir is the command's failure (exit 126, as
+        # Docker reports it), not a sandbox failure.
+        wrapper = 'ulimit -v "$1" || exit 126; cd "$2" || exit 126; shift 2; exec "$@"'
+        cwd = workdir or self.cfg.workdir or WORK_MOUNT
+        args += ["/bin/sh", "-c", wrapper, "sh", str(kib), cwd, *self.cfg.shell, cmd]
         return args
 
     async def exec(

@@ -8,7 +8,8 @@ container's writable layer (no quota), and the base image runs commands as root 
 that root cannot mount, chown, trace or load modules, but it can rewrite anything the image's root owns.
 Set ``SandboxConfig.user`` for images that have an unprivileged user.
 
-Commands run as ``timeout -s KILL <t> <shell> -c <cmd>``: at the timeout the command's process group is killed
+Commands run as ``timeout -s KILL <t> sh -c 'exec "$@" 2>&1' sh <shell> -c <cmd>`` (stderr merged into stdout,
+in order): at the timeout the command's process group is killed
 and the container lives on (``ExecResult(exit_code=124, timed_out=True)``). Something that escaped the process
 group and still holds the output open is killed too, ``kill_grace_s`` later (``kill -9 -1`` inside). Output is
 read from the exec socket as it comes and capped (head + tail) so a command printing gigabytes costs the host
@@ -306,7 +307,9 @@ class DockerSandbox:
         if self._closed:
             raise SandboxError("exec on a closed sandbox")
         t0 = time.monotonic()
-        argv = ["timeout", "-s", "KILL", f"{timeout:.3f}", *self.cfg.shell, cmd]
+        # `2>&1` inside: Docker carries stdout and stderr on two pipes and loses their relative order; one pipe
+        # keeps the interleaving the agent would see in a terminal.
+        argv = ["timeout", "-s", "KILL", f"{timeout:.3f}", "sh", "-c", 'exec "$@" 2>&1', "sh", *self.cfg.shell, cmd]
         exec_id = self._exec_create(argv, workdir or self.cfg.workdir, env, self.cfg.user or "")
         try:
             sock = self.client.api.exec_start(exec_id, socket=True)

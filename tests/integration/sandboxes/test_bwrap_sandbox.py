@@ -34,8 +34,12 @@ async def sb() -> AsyncIterator[BwrapSandbox]:
 async def test_exec_workdir_and_environment(sb: BwrapSandbox) -> None:
     r = await sb.exec("echo out; echo err >&2; pwd; echo $HOME $FOO; exit 5", timeout=10, env={"FOO": "bar"})
     assert (r.exit_code, r.output) == (5, "out\nerr\n/work\n/work bar\n")
-    r = await sb.exec("env | grep -c -v -E '^(PWD|HOME|LANG|SHLVL|PATH|_|FOO)=' || true", timeout=10)
+    r = await sb.exec("env | grep -c -v -E '^(PWD|OLDPWD|HOME|LANG|SHLVL|PATH|_|FOO)=' || true", timeout=10)
     assert r.output.strip() == "0"  # the host environment does not leak in
+    await sb.exec("mkdir -p sub", timeout=10)
+    assert (await sb.exec("pwd", timeout=10, workdir="/work/sub")).output == "/work/sub\n"
+    r = await sb.exec("pwd", timeout=10, workdir="/work/missing")
+    assert r.exit_code == 126 and "missing" in r.output
 
 
 async def test_root_is_read_only_and_host_private_dirs_hidden(sb: BwrapSandbox, tmp_path: Path) -> None:

@@ -26,6 +26,8 @@ async def test_exec_basics_limits_and_labels(docker_cfg: SandboxConfig, docker_c
         assert (r.exit_code, r.output, r.timed_out, r.truncated) == (3, "out\nerr\n", False, False)
         r = await sb.exec("pwd; echo $FOO", timeout=10, workdir="/tmp", env={"FOO": "bar"})
         assert r.output == "/tmp\nbar\n"
+        r = await sb.exec("pwd", timeout=10, workdir="/missing")
+        assert r.exit_code == 126 and "/missing" in r.output  # the command's failure, not the sandbox's
         r = await sb.exec("grep CapEff /proc/self/status; grep NoNewPrivs /proc/self/status", timeout=10)
         assert "CapEff:\t0000000000000000" in r.output and "NoNewPrivs:\t1" in r.output
         # Root without capabilities cannot mount (the usual first step of escaping to the host).
