@@ -228,19 +228,23 @@ def build_for_sdist(spec_text: str, cfg: BuildConfig, client: Any, log: Log = _s
     finally:
         for b in boxes:
             b.close()
-    records = []
-    for f in found:
+
+    def finish(f: _Found) -> dict[str, Any] | None:
         task_image = images.ensure_task_image(repo_image, f.fix_patch)
         rec = _record(spec, task_image, _head_of(client, task_image), f)
         rec["sao_mutation"].update({"sdist": str(spec), "repo_image": repo_image})
-        if cfg.verify:
-            g = grade_patch(rec, rec["patch"], client=client)
-            if not g.resolved:
-                log(f"{spec}: dropping {rec['instance_id']}: its gold patch did not resolve it in a fresh container")
-                continue
-        records.append(rec)
-        if cfg.out is not None:
-            instance.append_instance(cfg.out, rec)
+        if cfg.verify and not grade_patch(rec, rec["patch"], client=client).resolved:
+            log(f"{spec}: dropping {rec['instance_id']}: its gold patch did not resolve it in a fresh container")
+            return None
+        return rec
+
+    records = []
+    with ThreadPoolExecutor(cfg.workers) as pool:
+        for rec in pool.map(finish, found):
+            if rec is not None:
+                records.append(rec)
+                if cfg.out is not None:
+                    instance.append_instance(cfg.out, rec)
     log(f"{spec}: {len(records)} task(s) in {time.monotonic() - t0:.0f}s")
     return records
 
