@@ -12,7 +12,6 @@ Infra-error trajectories are recorded and never enter the buffer.
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
 from collections import deque
 from collections.abc import Callable
@@ -83,7 +82,7 @@ class Coordinator:
         self._tasks: set[asyncio.Task[None]] = set()
         self._main: asyncio.Task[None] | None = None
         self._sync_budget = 0  # synchronous mode: episodes the trainer allowed for the next batch
-        self._t0 = time.perf_counter()
+        self._last_infra = ""
 
     # -- producer ------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -154,6 +153,7 @@ class Coordinator:
         self.counters.generated += 1
         if traj.status == "infra_error":
             self.counters.infra_error += 1
+            self._last_infra = str(traj.info.get("infra_error", ""))
             return
         self.buffer.append(Item(uid, traj))
 
@@ -174,8 +174,10 @@ class Coordinator:
             if self._main is not None and self._main.done():
                 self._main.result()  # surface a crashed producer instead of waiting forever
             while not self.buffer:
+                self._check_infra()
                 self._changed.clear()
                 await self._changed.wait()
+            self._check_infra()
             item = self.buffer.popleft()
             self._changed.set()  # room in the buffer: the producer may start another episode
             if self.lag(item.traj) > self.max_staleness:
@@ -184,6 +186,14 @@ class Coordinator:
                 continue
             out.append(item)
         return out
+
+    def _check_infra(self) -> None:
+        c = self.counters
+        if c.infra_error >= max(16, 2 * self.concurrency) and c.generated == c.infra_error:
+            raise RuntimeError(
+                f"every one of the {c.generated} episodes so far ended in an infra error; the last: "
+                f"{self._last_infra!r}. Fix the env/sandbox/engine setup (see trajectories.jsonl)"
+            )
 
     def trained(self, items: list[Item], step: int) -> None:
         self.counters.trained += len(items)

@@ -9,6 +9,7 @@ collective DeepSpeed calls in lockstep.
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import os
 import random
@@ -131,7 +132,9 @@ class Trainer:
         self.allowed = _allowed_ids(cfg, self.tokenizer)
         actor = load_actor(cfg)
         critic = load_critic(cfg, actor) if cfg.uses_critic else None
-        self.engine_model = actor if self.rank0 else None
+        # The in-process engine samples from its own copy, taken before DeepSpeed partitions (ZeRO-3) the actor.
+        hf = cfg.rollout.engine == "hf" and self.rank0
+        self.engine_model = copy.deepcopy(actor).eval() if hf else None
         self.learner = Learner(cfg, actor, critic, int(self.tokenizer.pad_token_id))
         if self.allowed:
             self.learner.allowed = torch.tensor(self.allowed, dtype=torch.long)
@@ -211,8 +214,6 @@ class Trainer:
 
     # -- rank 0 -----------------------------------------------------------------------------------------------
     def _make_engine(self) -> Any:
-        import copy
-
         r = self.cfg.rollout
         if r.engine == "hf":
             if self.allowed:
@@ -221,7 +222,7 @@ class Trainer:
                 return LocalEngine(self.engine_model, self.allowed, version=self.version)  # type: ignore[arg-type]
             from agent.engines.hf_engine import HFEngine
 
-            return HFEngine(copy.deepcopy(self.engine_model), tokenizer=self.tokenizer, version=self.version)
+            return HFEngine(self.engine_model, tokenizer=self.tokenizer, version=self.version)
         from agent.engines.vllm_engine import VLLMEngine
 
         urls = list(r.vllm_urls)
