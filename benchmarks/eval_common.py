@@ -226,7 +226,11 @@ async def build_model(
         from agent.engines.vllm_server import LocalVLLMServer
 
         m.tokenizer = _load_tokenizer(tokenizer or spec.path)
-        server = await asyncio.to_thread(LocalVLLMServer.start, spec.path, max_model_len=max_context_tokens)
+        # vLLM refuses a max_model_len above the model's own limit: clamp to config.json's.
+        limit = json.loads(Path(spec.path, "config.json").read_text()).get("max_position_embeddings")
+        if limit:
+            m.max_context_tokens = min(max_context_tokens, int(limit))
+        server = await asyncio.to_thread(LocalVLLMServer.start, spec.path, max_model_len=m.max_context_tokens)
         m.engine = VLLMEngine([server.url], servers=[server])
     else:
         from agent.engines.vllm_engine import VLLMEngine

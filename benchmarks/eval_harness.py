@@ -104,7 +104,7 @@ def grade_with_harness(
 
     def log_dir(p: dict[str, Any]) -> Path:
         model = p["model_name_or_path"].replace("/", "__")
-        return Path(workdir) / RUN_EVALUATION_LOG_DIR / run_id / model / p["instance_id"]
+        return Path(workdir, RUN_EVALUATION_LOG_DIR, run_id, model, p["instance_id"])
 
     t0 = time.perf_counter()
     with open(log_path, "ab") as log, progress(len(preds), "harness") as bar:

@@ -301,7 +301,8 @@ def print_summary(report: dict[str, Any]) -> None:
                 console.print(f"  {r['instance_id']}: {r.get('error')}")
     harness = report.get("harness")
     if harness:
-        line = f"official harness: resolved {harness['resolved']}/{harness['total']}, infra errors {harness['infra_errors']}"
+        line = f"official harness: resolved {harness['resolved']}/{harness['total']}, "
+        line += f"infra errors {harness['infra_errors']}"
         if "harness_disagreements" in report:
             line += f"; disagreements with the env grading: {report['harness_disagreements'] or 'none'}"
         console.print(line + f" (logs: {harness['logs_dir']})")
