@@ -337,7 +337,13 @@ class DockerSandbox:
         exit_code = self._exit_code(exec_id)
         duration = time.monotonic() - t0
         if exit_code is None or exit_code == _KILL_EXIT:
+            # A SIGKILLed command may be the first sign of the whole container being killed; the daemon can
+            # report the exec's death a moment before the container's, so look again briefly (not after our own
+            # timeout fired: that 137 is explained).
             self._check_alive()
+            for _ in range(0 if time.monotonic() - t0 >= timeout else 4):
+                time.sleep(0.1)
+                self._check_alive()
         if exit_code is None:
             raise SandboxError(f"the daemon lost the exit status of a command in container {self.id[:12]}")
         timed_out = forced or (exit_code == _KILL_EXIT and duration >= timeout)
