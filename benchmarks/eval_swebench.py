@@ -205,7 +205,9 @@ async def run_swebench(cfg: SWEEvalConfig) -> dict[str, Any]:
     report = summarize(rows, ids, model=spec.name, dataset=cfg.dataset, skipped=len(records) - len(todo))
     report["wall_s"] = round(time.perf_counter() - t0, 1)
     report["config"] = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(cfg).items()}
-    if cfg.harness:
+    if cfg.harness and not preds:
+        report["harness"] = None  # nothing finished without an infrastructure failure: nothing to grade
+    elif cfg.harness:
         from benchmarks.eval_harness import grade_with_harness
 
         chosen = [preds[i] for i in ids if i in preds]
