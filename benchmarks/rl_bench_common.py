@@ -65,7 +65,7 @@ def build_word_tokenizer(out_dir: Path, texts: Iterable[str], words: Iterable[st
     core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     core.pre_tokenizer = pre
     core.decoder = decoders.WordPiece(prefix="##", cleanup=False)
-    tok = PreTrainedTokenizerFast(
+    tok = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
         tokenizer_object=core,
         unk_token="<unk>",
         pad_token="<pad>",
