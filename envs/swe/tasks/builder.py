@@ -196,16 +196,26 @@ def build_for_sdist(spec_text: str, cfg: BuildConfig, client: Any, log: Log = _s
         tests = {f: boxes[0].read(f) for f in test_files}
         cands = _candidates(sources, tests, cfg)[: cfg.max_candidates]
         log(f"{spec}: {len(cands)} candidate mutations to try")
-        found: list[_Found] = []
+        records: list[dict[str, Any]] = []
         lock = threading.Lock()
         taken: set[tuple[str, str]] = set()
         queue = list(cands)
-        tried = [0]
+        tried, pending = [0], [0]
+
+        def finish(f: _Found) -> dict[str, Any] | None:
+            task_image = images.ensure_task_image(repo_image, f.fix_patch)
+            rec = _record(spec, task_image, _head_of(client, task_image), f)
+            rec["sao_mutation"].update({"sdist": str(spec), "repo_image": repo_image})
+            if cfg.verify and not grade_patch(rec, rec["patch"], client=client).resolved:
+                log(f"{spec}: dropping {rec['instance_id']}: its gold patch did not resolve it in a fresh container")
+                return None
+            return rec
 
         def work(box: BuilderContainer) -> None:
+            # A found bug is verified by the worker that found it; a drop frees its slot so the search goes on.
             while True:
                 with lock:
-                    if len(found) >= cfg.bugs or not queue:
+                    if len(records) + pending[0] >= cfg.bugs or not queue:
                         return
                     cand = queue.pop(0)
                     key = (cand.mutation.path, cand.mutation.function)
@@ -214,13 +224,24 @@ def build_for_sdist(spec_text: str, cfg: BuildConfig, client: Any, log: Log = _s
                     tried[0] += 1
                 res = _try(box, cand, baseline, cfg)
                 with lock:
-                    if res and key not in taken and len(found) < cfg.bugs:
-                        taken.add(key)
-                        found.append(res)
-                        log(
-                            f"{spec}: bug {len(found)}/{cfg.bugs} after {tried[0]} tries: "
-                            f"{res.mutation.operator} in {res.mutation.function}, {len(res.f2p)} failing test(s)"
-                        )
+                    if res is None or key in taken or len(records) + pending[0] >= cfg.bugs:
+                        continue
+                    taken.add(key)
+                    pending[0] += 1
+                rec = None
+                try:
+                    rec = finish(res)
+                finally:
+                    with lock:
+                        pending[0] -= 1
+                        if rec is not None:
+                            records.append(rec)
+                            if cfg.out is not None:
+                                instance.append_instance(cfg.out, rec)
+                            log(
+                                f"{spec}: task {len(records)}/{cfg.bugs} after {tried[0]} tries: "
+                                f"{res.mutation.operator} in {res.mutation.function}, {len(res.f2p)} failing test(s)"
+                            )
 
         with ThreadPoolExecutor(len(boxes)) as pool:
             for fut in [pool.submit(work, b) for b in boxes]:
@@ -228,23 +249,6 @@ def build_for_sdist(spec_text: str, cfg: BuildConfig, client: Any, log: Log = _s
     finally:
         for b in boxes:
             b.close()
-
-    def finish(f: _Found) -> dict[str, Any] | None:
-        task_image = images.ensure_task_image(repo_image, f.fix_patch)
-        rec = _record(spec, task_image, _head_of(client, task_image), f)
-        rec["sao_mutation"].update({"sdist": str(spec), "repo_image": repo_image})
-        if cfg.verify and not grade_patch(rec, rec["patch"], client=client).resolved:
-            log(f"{spec}: dropping {rec['instance_id']}: its gold patch did not resolve it in a fresh container")
-            return None
-        return rec
-
-    records = []
-    with ThreadPoolExecutor(cfg.workers) as pool:
-        for rec in pool.map(finish, found):
-            if rec is not None:
-                records.append(rec)
-                if cfg.out is not None:
-                    instance.append_instance(cfg.out, rec)
     log(f"{spec}: {len(records)} task(s) in {time.monotonic() - t0:.0f}s")
     return records
 
