@@ -139,7 +139,8 @@ def grade_with_harness(
             verdicts[iid] = "unresolved"  # the model's patch does not apply: the model's failure, not the infra's
             continue
         verdicts[iid] = "infra_error"
-        errors.setdefault(iid, f"the harness made no report; see {d / LOG_INSTANCE if inst_log else log_path}")
+        last = inst_log.strip().splitlines()[-1][:300] if inst_log.strip() else "no instance log"
+        errors.setdefault(iid, f"the harness made no report ({last}); see {d / LOG_INSTANCE if inst_log else log_path}")
     count = {v: sum(x == v for x in verdicts.values()) for v in ("resolved", "unresolved", "infra_error")}
     return {
         "run_id": run_id,

@@ -119,7 +119,7 @@ def test_grade_only_with_the_official_harness(gold_run: dict[str, Any], eval_tas
     path.write_text("".join(json.dumps(p) + "\n" for p in mixed))
     res = _eval(["--grade-only", str(path), "--dataset", str(gold_run["dataset"]), "--out", str(tmp / "graded")])
     rep = json.loads((tmp / "graded" / "report.json").read_text())
-    assert rep["harness"]["verdicts"] == {a: "resolved", b: "unresolved"}
+    assert rep["harness"]["verdicts"] == {a: "resolved", b: "unresolved"}, (rep["harness"]["errors"], res.output)
     assert (rep["resolved"], rep["unresolved"], rep["infra_errors"], rep["total"]) == (1, 1, 0, 2)
     assert "resolved 1/2" in res.output
     assert list((tmp / "graded" / "harness" / "logs" / "run_evaluation").iterdir())  # the harness's own logs
