@@ -11,6 +11,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,18 @@ def ensure_task_images(records: list[dict[str, Any]]) -> None:
         tag = images.ensure_task_image(repo, rec["patch"])
         if tag != rec["image"]:
             raise RuntimeError(f"task {rec['instance_id']}: rebuilt image tag {tag} differs from {rec['image']}")
+        head = subprocess.run(
+            ["docker", "run", "--rm", "--network", "none", tag, "git", "-C", "/testbed", "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        ).stdout.strip()
+        if head != rec["base_commit"]:
+            subprocess.run(["docker", "rmi", "-f", tag], capture_output=True, timeout=120)
+            raise RuntimeError(
+                f"task {rec['instance_id']}: the rebuilt image has HEAD {head or '?'} instead of base_commit "
+                f"{rec['base_commit']}; rebuild the tasks with `sao tasks build` (or clear {fetch.swe_cache()})"
+            )
 
 
 def ensure_offline_tasks(
