@@ -53,6 +53,11 @@ class BuildConfig:
             raise ValueError(f"workers={self.workers}: use 1..8 builder containers (2 on a 2-core machine)")
         if not self.sdists:
             raise ValueError("no sdist given; pass e.g. --sdist click==8.5.1")
+        for spec in self.sdists:
+            fetch.SdistSpec.parse(spec)
+        unknown = set(self.operators) - set(OPERATORS)
+        if unknown:
+            raise ValueError(f"unknown mutation operators {sorted(unknown)}; choose from {', '.join(OPERATORS)}")
 
 
 @dataclass

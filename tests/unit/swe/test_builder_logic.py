@@ -41,3 +41,7 @@ def test_build_config_rejects_bad_values() -> None:
         BuildConfig(sdists=["x==1"], bugs=0)
     with pytest.raises(ValueError, match="no sdist"):
         BuildConfig(sdists=[])
+    with pytest.raises(ValueError, match="name==version"):
+        BuildConfig(sdists=["click"])
+    with pytest.raises(ValueError, match="unknown mutation operators"):
+        BuildConfig(sdists=["click==8.5.1"], operators=("typo",))
