@@ -101,7 +101,10 @@ def pretrain_value(
                 critic.step()
                 ev = float(explained_variance(values.detach(), ret, mask))
         if rank == 0:
-            print(f"value pretraining epoch {epoch + 1}/{epochs}: loss {float(loss.detach()):.4f} explained variance {ev:.3f}")
+            print(
+                f"value pretraining epoch {epoch + 1}/{epochs}: "
+                f"loss {float(loss.detach()):.4f} explained variance {ev:.3f}"
+            )
     from deepspeed import zero
 
     module = critic.module
