@@ -371,6 +371,8 @@ class Trainer:
                 server.stop()
             ledger.close()
             metrics.close()
+        # The versioned weight dirs only fed the engine; final/ and the checkpoints hold what lasts.
+        shutil.rmtree(self.run_dir / "weights", ignore_errors=True)
         final = self.run_dir / "final"
         await asyncio.to_thread(self.lead, {"cmd": "export", "dir": str(final / "actor")})
         self.tokenizer.save_pretrained(final / "actor")
