@@ -59,9 +59,8 @@ def test_variant_configs_from_the_shipped_file_are_valid_trainer_configs(tmp_pat
     spec = load_yaml(ROOT / "configs/bench/throughput.yaml")
     bc = ThroughputConfig(out=tmp_path, steps=7, latency_sigma=2.0)
     cfgs = variant_configs(bc, spec, tmp_path / "tok", 64)
-    assert list(cfgs) == ["sao", "sync_grpo", "one_step_off"]
     algos = {name: config_from_dict(c).trainer.algorithm for name, c in cfgs.items()}
-    assert algos == {"sao": "sao", "sync_grpo": "grpo", "one_step_off": "grpo_dis"}
+    assert {"sao": "sao", "sync_grpo": "grpo", "one_step_off": "grpo_dis"}.items() <= algos.items()
     assert all(c["run"]["total_steps"] == 7 and c["env"]["kwargs"]["sigma"] == 2.0 for c in cfgs.values())
     assert cfgs["sync_grpo"]["trainer"]["group_size"] == 8
     with pytest.raises(ValueError, match="unknown variant"):
