@@ -164,7 +164,8 @@ def pump_frames(sock: socket.socket, framer: _Framer, deadline: float) -> bool:
         framer.feed(chunk)
 
 
-def _tar_one(name: str, data: bytes, mode: int = 0o644) -> bytes:
+def tar_one(name: str, data: bytes, mode: int = 0o644) -> bytes:
+    """A tar archive (bytes) holding one file, for ``put_archive``."""
     out = io.BytesIO()
     with tarfile.open(fileobj=out, mode="w") as tar:
         info = tarfile.TarInfo(name)
@@ -430,7 +431,7 @@ class DockerSandbox:
         """Write ``content`` (UTF-8) to the absolute ``path``; parent directories are created."""
         if not path.startswith("/"):
             raise ValueError(f"write_file needs an absolute path inside the sandbox, got {path!r}")
-        data = _tar_one(path.lstrip("/"), content.encode("utf-8"))
+        data = tar_one(path.lstrip("/"), content.encode("utf-8"))
         await run_blocking(self._put_archive_blocking, "/", data)
 
     def _put_archive_blocking(self, dest_dir: str, data: Any) -> None:

@@ -9,14 +9,14 @@ being logged, so callers can tell "the infrastructure broke" from "the patch is 
 
 from __future__ import annotations
 
-import io
 import os
-import tarfile
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from sandboxes.docker import tar_one
 
 APPLY_CMDS = (
     "git apply --verbose /tmp/patch.diff",
@@ -40,15 +40,8 @@ class GradeResult:
 
 
 def _put(container: Any, path: str, text: str) -> None:
-    data = text.encode()
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tf:
-        info = tarfile.TarInfo(os.path.basename(path))
-        info.size = len(data)
-        info.mode = 0o755
-        info.mtime = int(time.time())
-        tf.addfile(info, io.BytesIO(data))
-    if not container.put_archive(os.path.dirname(path), buf.getvalue()):
+    archive = tar_one(os.path.basename(path), text.encode(), mode=0o755)
+    if not container.put_archive(os.path.dirname(path), archive):
         raise GradingInfraError(f"could not copy {path} into the grading container")
 
 

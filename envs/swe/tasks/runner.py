@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import io
 import os
 import re
 import shlex
-import tarfile
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from swebench.harness.log_parsers import PARSER_REGISTRY
+
+from sandboxes.docker import tar_one
 
 TEST_FILE_RE = re.compile(r"(^|/)(test_[^/]*|[^/]*_test)\.py$")
 SKIP_DIRS = ("docs/", "doc/", "examples/", "benchmarks/", "build/")
@@ -88,16 +88,9 @@ class BuilderContainer:
         return out
 
     def write(self, path: str, text: str) -> None:
-        data = text.encode()
-        buf = io.BytesIO()
-        with tarfile.open(fileobj=buf, mode="w") as tf:
-            info = tarfile.TarInfo(os.path.basename(path))
-            info.size = len(data)
-            info.mode = 0o644
-            info.mtime = int(time.time())
-            tf.addfile(info, io.BytesIO(data))
+        archive = tar_one(os.path.basename(path), text.encode())
         dest = os.path.join("/testbed", os.path.dirname(path))
-        if not self.container.put_archive(dest, buf.getvalue()):
+        if not self.container.put_archive(dest, archive):
             raise BuilderContainerError(f"could not write {path} into the builder container")
 
     def read(self, path: str) -> str:
