@@ -104,6 +104,9 @@ class TrainerConfig:
     group_size: int = 4
     """GRPO: rollouts per prompt."""
     entropy_coef: float = 0.0
+    normalize_advantages: bool = False
+    """Whiten the advantages over the global batch's action tokens (``(A - mean) / std``) before the policy step:
+    the step size no longer depends on the critic's current error or the batch's reward spread."""
     running_mean_momentum: float = 0.9
     """running_mean: EMA momentum of the reward baseline."""
 

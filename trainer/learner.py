@@ -11,7 +11,7 @@ from torch import nn
 
 from agent.records import Trajectory
 from trainer import distributed as dist_utils
-from trainer.algos.advantages import RunningMeanBaseline
+from trainer.algos.advantages import RunningMeanBaseline, whiten, whiten_stats
 from trainer.algos.losses import value_loss
 from trainer.algos.registry import AdvantageInputs, PolicyLossInputs, get_advantage, get_policy_loss
 from trainer.batching import TrainBatch, collate
@@ -175,6 +175,15 @@ class Learner:
                 advs.append(a_full[rows].to(self.device))
             m["baseline_mean"] = float(self.baseline.mean)
 
+        parts = [whiten_stats(a, b.action_mask) for a, b in zip(advs, micro, strict=True)]
+        raw_stats = dist_utils.all_reduce_sum([sum(p[i] for p in parts) for i in range(3)])
+        n_adv = max(raw_stats[0], 1.0)
+        m["advantage_mean"] = raw_stats[1] / n_adv
+        m["advantage_std"] = math.sqrt(max(raw_stats[2] / n_adv - m["advantage_mean"] ** 2, 0.0))
+        if t.normalize_advantages:
+            stats = (raw_stats[0], raw_stats[1], raw_stats[2])
+            advs = [whiten(a, b.action_mask, stats) for a, b in zip(advs, micro, strict=True)]
+
         # Old-policy recompute for the PPO-style losses (one step per batch, so it equals the pre-step policy).
         olds: list[torch.Tensor | None] = [None] * len(micro)
         if self.loss_name in ("ppo_clip", "decoupled_ppo"):
@@ -225,12 +234,6 @@ class Learner:
             m.update(self._critic_steps(micro, old_values, rets, scale_base, n_total))
             ev_num = dist_utils.all_reduce_sum(_ev_parts(old_values, rets, micro))
             m["explained_variance"] = _ev_from_parts(ev_num)
-            m["advantage_mean"] = (
-                dist_utils.all_reduce_sum(
-                    [sum(float((a * b.action_mask).sum()) for a, b in zip(advs, micro, strict=True))]
-                )[0]
-                / n_total
-            )
         m["trained_tokens"] = n_total
         return m
 

@@ -261,6 +261,32 @@ def _need(value: torch.Tensor | None, what: str, estimator: str) -> torch.Tensor
     return value
 
 
+def whiten_stats(advantages: torch.Tensor, mask: torch.Tensor) -> tuple[float, float, float]:
+    """``(count, sum, sum of squares)`` of ``advantages`` over ``mask``: the parts a trainer all-reduces across
+    micro batches and ranks before ``whiten`` (float64 sums, so large batches lose nothing)."""
+    m = mask.bool()
+    x = advantages.detach()[m].double()
+    return float(x.numel()), float(x.sum()), float((x * x).sum())
+
+
+def whiten(
+    advantages: torch.Tensor, mask: torch.Tensor, stats: tuple[float, float, float], eps: float = 1e-8
+) -> torch.Tensor:
+    """Advantage normalisation: ``(A - mean) / (std + eps)`` on the masked tokens, 0 elsewhere.
+
+    ``stats`` are the summed ``whiten_stats`` of the whole batch (population std), so every micro batch and rank
+    applies the same shift and scale. A batch with fewer than 2 tokens is left unscaled (only centred).
+    """
+    n, s, sq = stats
+    if n < 1:
+        return torch.zeros_like(advantages)
+    mean = s / n
+    var = max(sq / n - mean * mean, 0.0)
+    scale = 1.0 / (math.sqrt(var) + eps) if n >= 2 else 1.0
+    out = (advantages - mean) * scale
+    return torch.where(mask.bool(), out, torch.zeros_like(out))
+
+
 @register_advantage("skip_obs_gae")
 def _skip_obs_gae_entry(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
     values = _need(inputs.values, "critic values", "skip_obs_gae")
