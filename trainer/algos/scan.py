@@ -20,6 +20,8 @@ DENSE_CHUNK = 16
 # The dense path divides by lam and scales by c**-n (n <= C): below these it falls back to the compact path.
 _MIN_C = 0.05
 _MIN_LAM = 0.05
+# Tokens per tile of rows (see masked_gae_dense): ~6 float tiles of this size stay in a core's L2 cache.
+_TILE_TOKENS = 1 << 16
 
 
 def reverse_linear_scan(x: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
@@ -92,33 +94,44 @@ def masked_gae_dense(
     b, t = values.shape
     dtype = torch.promote_types(values.dtype, torch.float32)
     r, v = rewards.to(dtype), values.to(dtype)
-    mf = mask.to(dtype) if mask.dtype == torch.bool else mask.ne(0).to(dtype)
+    mb = mask if mask.dtype == torch.bool else mask.ne(0)
     if b * t == 0:
         return torch.zeros_like(v), torch.zeros_like(v)
     pad = -t % chunk
     if pad:
-        r, v, mf = (torch.nn.functional.pad(z, (0, pad)) for z in (r, v, mf))
+        r, v, mb = (torch.nn.functional.pad(z, (0, pad)) for z in (r, v, mb))
     nq = (t + pad) // chunk
     rows = b * nq
     log_count, w_r, w_v = _chunk_matrices(gamma * lam, lam, chunk, dtype, v.device)
-    mf2, r2, v2 = mf.view(rows, chunk), r.view(rows, chunk), v.view(rows, chunk)
-    # Few [B, T] temporaries, reused in place: fresh large blocks cost page faults on every call.
-    ex = torch.exp_(mf2 @ log_count)  # c**n_t, n_t the chunk-local inclusive masked count
-    u = ex * mf2  # c**n on masked tokens, 0 elsewhere
-    ru = r2 * u
-    vu = u.mul_(v2)
-    # c**n_t-scaled in-chunk sums: rewards of every masked j >= t, values as in _chunk_matrices
-    sums = torch.mm(ru, w_r).addmm_(vu, w_v)
-    # the chunk total seen from before the chunk: every term is a later one, V_0 included with 1/lam - 1
-    head = sums[:, 0] + vu[:, 0] / lam
+    mb2, r2, v2 = mb.reshape(rows, chunk), r.view(rows, chunk), v.view(rows, chunk)
+    adv = torch.empty(rows, chunk, dtype=dtype, device=v.device)
+    ret = torch.empty_like(adv)  # holds c**-n_t (0 off the mask) until the second pass
+    head = torch.empty(rows, dtype=dtype, device=v.device)
+    decay = torch.empty_like(head)
+    # Tiles of whole rows: the temporaries stay small (cache-resident, no fresh pages per call); no carry
+    # crosses a tile because the recursion never crosses a row.
+    step = max(1, _TILE_TOKENS // (nq * chunk)) * nq
+    tiles = [slice(i, min(i + step, rows)) for i in range(0, rows, step)]
+    for sl in tiles:
+        mf = mb2[sl].to(dtype)
+        ex = torch.exp_(mf @ log_count)  # c**n_t, n_t the chunk-local inclusive masked count
+        u = ex * mf  # c**n on masked tokens, 0 elsewhere
+        ru = r2[sl] * u
+        vu = u.mul_(v2[sl])
+        # c**n_t-scaled in-chunk sums: rewards of every masked j >= t, values as in _chunk_matrices
+        torch.mm(ru, w_r, out=adv[sl]).addmm_(vu, w_v)
+        # the chunk total seen from before the chunk: every term is a later one, V_0 included with 1/lam - 1
+        torch.add(adv[sl, 0], vu[:, 0], alpha=1.0 / lam, out=head[sl])
+        decay[sl] = ex[:, -1]  # c**N_q, N_q the chunk's masked count
+        torch.div(mf, ex, out=ret[sl])
     # chunks joined right to left: X_q = Z_q + c**N_q X_{q+1}; chunk q then gets c**N_q X_{q+1}
-    decay = ex[:, -1].view(b, nq)  # c**N_q, N_q the chunk's masked count
-    total = reverse_linear_scan(head.view(b, nq), decay)
+    total = reverse_linear_scan(head.view(b, nq), decay.view(b, nq))
     carry = torch.zeros_like(total)
-    carry[:, :-1] = decay[:, :-1] * total[:, 1:]
-    sums += carry.view(rows, 1)
-    adv = sums.mul_(torch.div(mf2, ex, out=ru))  # back from the c**n_t scaling; 0 off the mask
-    ret = torch.addcmul(adv, v2, mf2)
+    carry[:, :-1] = decay.view(b, nq)[:, :-1] * total[:, 1:]
+    carry2 = carry.view(rows, 1)
+    for sl in tiles:
+        a_t = adv[sl].add_(carry2[sl]).mul_(ret[sl])  # back from the c**n_t scaling; 0 off the mask
+        torch.addcmul(a_t, v2[sl], mb2[sl], out=ret[sl])
     adv, ret = adv.view(b, nq * chunk), ret.view(b, nq * chunk)
     if pad:
         adv, ret = adv[:, :t].contiguous(), ret[:, :t].contiguous()
