@@ -7,6 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from trainer.algos import scan
 from trainer.algos.reference import skip_observation_gae_loop
 from trainer.algos.scan import dense_supported, masked_gae_dense, reverse_linear_scan
 
@@ -78,8 +79,9 @@ def test_dense_gae_matches_loop(case: tuple[torch.Tensor, torch.Tensor, torch.Te
     assert bool((adv[~mask] == 0).all()) and bool((ret[~mask] == 0).all())
 
 
-@pytest.mark.parametrize(("gamma", "lam"), [(1.0, 1.0), (0.99, 0.95), (0.5, 0.3)])
-def test_dense_gae_float32_long_rows(gamma: float, lam: float) -> None:
+@pytest.mark.parametrize(("gamma", "lam", "tile"), [(1.0, 1.0, 1 << 16), (0.99, 0.95, 1), (0.5, 0.3, 1500)])
+def test_dense_gae_float32_long_rows(gamma: float, lam: float, tile: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(scan, "_TILE_TOKENS", tile)  # one tile, one row per tile, two rows per tile
     gen = torch.Generator().manual_seed(3)
     mask = torch.rand(4, 700, generator=gen) < 0.6
     rewards = torch.randn(4, 700, generator=gen) * 0.1
