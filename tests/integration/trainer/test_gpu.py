@@ -1,0 +1,68 @@
+"""GPU checks (marker `gpu`, never run in CI): a bf16 DeepSpeed step on CUDA and a 2-GPU NCCL run of the toy config."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import free_port
+from tests.integration.trainer._helpers import synthetic_trajectories
+from tests.integration.trainer.test_runs import FAST, ROOT, _env, _steps
+from trainer.config import config_from_dict
+
+pytestmark = [pytest.mark.gpu, pytest.mark.deepspeed]
+
+
+def _need_gpus(n: int) -> None:
+    if not torch.cuda.is_available() or torch.cuda.device_count() < n:
+        pytest.skip(f"needs {n} CUDA GPU(s); found {torch.cuda.device_count() if torch.cuda.is_available() else 0}")
+
+
+def test_bf16_sao_step_on_cuda_with_nccl(deepspeed_env: dict[str, str]) -> None:
+    _need_gpus(1)
+    from trainer import distributed
+    from trainer.learner import Learner
+    from trainer.models import load_actor, load_critic
+
+    distributed.init_distributed()
+    assert torch.distributed.get_backend() == "nccl"
+    cfg = config_from_dict(
+        {
+            "model": {"path": "tiny:moe"},
+            "trainer": {"algorithm": "sao", "batch_size": 4, "lr": 1e-3, "critic_updates_per_step": 2},
+            "critic": {"lr": 1e-3},
+            "deepspeed": {"micro_batch_size": 2, "bf16": True},
+        }
+    )
+    actor = load_actor(cfg)
+    critic = load_critic(cfg, actor)
+    trajs = synthetic_trajectories(actor, 4)
+    learner = Learner(cfg, actor, critic, pad_token_id=0)
+    p = next(learner.actor.module.parameters())
+    assert p.is_cuda, "the actor engine did not move to the GPU"
+    before = {k: v.detach().float().clone() for k, v in learner.actor.module.named_parameters()}
+    metrics = learner.train_step(trajs)
+    moved = [k for k, v in learner.actor.module.named_parameters() if not torch.equal(before[k], v.detach().float())]
+    assert moved, "a bf16 step on CUDA changed no actor parameter"
+    assert all(torch.isfinite(torch.tensor(float(v))) for k, v in metrics.items() if isinstance(v, float))
+
+
+def test_two_gpus_nccl_zero3_toy_run_stays_identical(tmp_path: Path) -> None:
+    _need_gpus(2)
+    run = tmp_path / "gpu2"
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
+        "-m", "sao_cli.main", "train", str(ROOT / "configs/toy.yaml"), f"run.dir={run}", "run.total_steps=2",
+        "deepspeed.zero_stage=3", "deepspeed.bf16=true", "run.param_digest=true", *FAST,
+    ]  # fmt: skip
+    res = subprocess.run(cmd, env=_env(), cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stderr[-4000:]
+    assert _steps(run) == [1, 2]
+    d0 = json.loads((run / "param_digest/rank0.json").read_text())
+    d1 = json.loads((run / "param_digest/rank1.json").read_text())
+    assert d0 == d1
