@@ -104,9 +104,14 @@ class TrainerConfig:
     group_size: int = 4
     """GRPO: rollouts per prompt."""
     entropy_coef: float = 0.0
+    warmup_steps: int = 0
+    """Linear learning-rate warmup of the actor over its first N optimizer steps (0 = none)."""
     normalize_advantages: bool = False
     """Whiten the advantages over the global batch's action tokens (``(A - mean) / std``) before the policy step:
     the step size no longer depends on the critic's current error or the batch's reward spread."""
+    advantage_std_floor: float = 0.2
+    """Whitening divides by ``max(std, floor)``: a batch whose advantages barely differ (all solved, an accurate
+    critic) is not blown up into unit-size noise (which can undo a learned policy)."""
     running_mean_momentum: float = 0.9
     """running_mean: EMA momentum of the reward baseline."""
 
@@ -191,6 +196,8 @@ class Config:
             (t.lambda_alpha > 0, "trainer.lambda_alpha must be > 0"),
             (t.batch_size >= 1, "trainer.batch_size must be >= 1"),
             (t.lr > 0, "trainer.lr must be > 0"),
+            (t.advantage_std_floor > 0, "trainer.advantage_std_floor must be > 0"),
+            (t.warmup_steps >= 0, "trainer.warmup_steps must be >= 0 (0 = no warmup)"),
             (self.critic.lr > 0, "critic.lr must be > 0"),
             (t.max_staleness >= 0, "trainer.max_staleness must be >= 0 (0 = fully on-policy)"),
             (t.sync_every >= 1, "trainer.sync_every must be >= 1"),

@@ -28,7 +28,7 @@ ALGO_TABLE = {
 }
 
 
-def ds_config(cfg: Config, grad_accum: int, lr: float, weight_decay: float) -> dict[str, Any]:
+def ds_config(cfg: Config, grad_accum: int, lr: float, weight_decay: float, warmup_steps: int = 0) -> dict[str, Any]:
     d = cfg.deepspeed
     zero: dict[str, Any] = {"stage": d.zero_stage}
     if d.offload_optimizer:
@@ -48,14 +48,28 @@ def ds_config(cfg: Config, grad_accum: int, lr: float, weight_decay: float) -> d
     if d.offload_optimizer or torch.cuda.is_available():
         # DeepSpeed's own (fused / CPU) Adam: needed for offload, fastest on GPU.
         out["optimizer"] = {"type": "AdamW", "params": {"lr": lr, "weight_decay": weight_decay}}
+    if warmup_steps > 0:
+        # Adam's first steps move every parameter by ~lr whatever the gradient's size: on a noisy batch that is a
+        # random jump (e.g. a policy made near-deterministic in 3 steps); a linear warmup damps them.
+        out["scheduler"] = {
+            "type": "WarmupLR",
+            "params": {
+                "warmup_min_lr": lr / (warmup_steps + 1),
+                "warmup_max_lr": lr,
+                "warmup_num_steps": warmup_steps,
+                "warmup_type": "linear",
+            },
+        }
     return out
 
 
-def make_engine(model: nn.Module, cfg: Config, grad_accum: int, lr: float, weight_decay: float) -> Any:
+def make_engine(
+    model: nn.Module, cfg: Config, grad_accum: int, lr: float, weight_decay: float, warmup_steps: int = 0
+) -> Any:
     """A DeepSpeed engine; on CPU without offload a torch AdamW, so no CUDA/JIT optimizer op is built."""
     import deepspeed
 
-    conf = ds_config(cfg, grad_accum, lr, weight_decay)
+    conf = ds_config(cfg, grad_accum, lr, weight_decay, warmup_steps)
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
         raise ConfigError("no trainable parameters; check critic.freeze_attention and the model")
@@ -88,7 +102,7 @@ class Learner:
         self.adv_name, self.loss_name = ALGO_TABLE[t.algorithm]
         self.adv_fn = get_advantage(self.adv_name)
         self.loss_fn = get_policy_loss(self.loss_name)
-        self.actor = make_engine(actor, cfg, self.grad_accum, t.lr, t.weight_decay)
+        self.actor = make_engine(actor, cfg, self.grad_accum, t.lr, t.weight_decay, t.warmup_steps)
         self.critic = (
             make_engine(critic, cfg, self.grad_accum, cfg.critic.lr, cfg.critic.weight_decay)
             if critic is not None
@@ -121,9 +135,11 @@ class Learner:
         logp[:, 1:] = logp_all.gather(-1, target.unsqueeze(-1)).squeeze(-1)
         ent = None
         if with_entropy:
-            probs = logp_all.detach().exp()
+            # With an entropy bonus the entropy must carry its gradient (a detached one made the bonus a no-op).
+            lp = logp_all if self.cfg.trainer.entropy_coef else logp_all.detach()
+            probs = lp.exp()
             ent = torch.zeros_like(logp)
-            ent[:, 1:] = -(probs * torch.where(probs > 0, logp_all.detach(), 0.0)).sum(-1)
+            ent[:, 1:] = -(probs * torch.where(probs > 0, lp, 0.0)).sum(-1)
         return logp, ent
 
     def _values(self, b: TrainBatch) -> torch.Tensor:
@@ -182,7 +198,8 @@ class Learner:
         m["advantage_std"] = math.sqrt(max(raw_stats[2] / n_adv - m["advantage_mean"] ** 2, 0.0))
         if t.normalize_advantages:
             stats = (raw_stats[0], raw_stats[1], raw_stats[2])
-            advs = [whiten(a, b.action_mask, stats) for a, b in zip(advs, micro, strict=True)]
+            floor = t.advantage_std_floor
+            advs = [whiten(a, b.action_mask, stats, floor) for a, b in zip(advs, micro, strict=True)]
 
         # Old-policy recompute for the PPO-style losses (one step per batch, so it equals the pre-step policy).
         olds: list[torch.Tensor | None] = [None] * len(micro)
@@ -209,7 +226,7 @@ class Learner:
             )
             n_mb = float(b.action_mask.sum())
             mask = b.action_mask
-            ent_mean = float((ent * mask).sum() / max(n_mb, 1.0)) if ent is not None else 0.0
+            ent_mean = float((ent.detach() * mask).sum() / max(n_mb, 1.0)) if ent is not None else 0.0
             if t.entropy_coef and ent is not None:
                 loss = loss - t.entropy_coef * (ent * mask).sum() / max(n_mb, 1.0)
             self.actor.backward(loss * n_mb * scale_base)

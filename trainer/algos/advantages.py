@@ -274,19 +274,21 @@ def whiten_stats(advantages: torch.Tensor, mask: torch.Tensor) -> tuple[float, f
 
 
 def whiten(
-    advantages: torch.Tensor, mask: torch.Tensor, stats: tuple[float, float, float], eps: float = 1e-8
+    advantages: torch.Tensor, mask: torch.Tensor, stats: tuple[float, float, float], min_std: float = 1e-8
 ) -> torch.Tensor:
-    """Advantage normalisation: ``(A - mean) / (std + eps)`` on the masked tokens, 0 elsewhere.
+    """Advantage normalisation: ``(A - mean) / max(std, min_std)`` on the masked tokens, 0 elsewhere.
 
     ``stats`` are the summed ``whiten_stats`` of the whole batch (population std), so every micro batch and rank
     applies the same shift and scale. A batch with fewer than 2 tokens is left unscaled (only centred).
+    ``min_std`` keeps a batch whose advantages barely differ (every episode solved, an accurate critic) from being
+    blown up into unit-size noise.
     """
     n, s, sq = stats
     if n < 1:
         return torch.zeros_like(advantages)
     mean = s / n
     var = max(sq / n - mean * mean, 0.0)
-    scale = 1.0 / (math.sqrt(var) + eps) if n >= 2 else 1.0
+    scale = 1.0 / max(math.sqrt(var), min_std) if n >= 2 else 1.0
     out = (advantages - mean) * scale
     return torch.where(mask.bool(), out, torch.zeros_like(out))
 

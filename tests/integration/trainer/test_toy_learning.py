@@ -6,23 +6,26 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 
 pytestmark = [pytest.mark.deepspeed, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[3]
 
 
-@pytest.mark.xfail(
-    reason="not reached yet: with configs/toy.yaml the tiny model learns to avoid the never-right symbol but not to "
-    "copy (success ~0.3 after 80 steps, entropy collapses first); see the trainer issue report",
-    strict=False,
-)
 def test_toy_sao_run_reaches_high_success(tmp_path: Path, deepspeed_env: dict[str, str], smollm2_dir: Path) -> None:
+    """configs/toy.yaml as shipped (seed 0, run.total_steps steps of 16 episodes, algorithm sao): the last 3 steps
+    average >= 0.9 success, from a start near random play (1/4). Measured: ~1.0 from step ~31 of 80, ~110 s."""
     from trainer.run import train
 
     run = train(str(ROOT / "configs/toy.yaml"), [f"run.dir={tmp_path / 'toy'}", "run.progress=false"])
+    saved = yaml.safe_load((run / "config.yaml").read_text())
+    assert saved["trainer"]["algorithm"] == "sao" and saved["critic"]["init"] == "actor"
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(1, saved["run"]["total_steps"] + 1))
+    curve = [round(r["success_rate"], 2) for r in rows]
     last = rows[-3:]
     success = sum(r["success_rate"] for r in last) / len(last)
-    assert success >= 0.9, f"success over the last 3 steps {success:.2f}; curve {[r['success_rate'] for r in rows]}"
+    assert success >= 0.9, f"success over the last 3 steps {success:.2f}; curve {curve}"
+    first = sum(r["success_rate"] for r in rows[:3]) / 3
+    assert first < 0.6, f"the toy task must not be solved before training; curve {curve}"
     assert (run / "plots/curves.png").exists()
-    assert rows[0]["success_rate"] < 0.9, "the toy task must not be solved before training"

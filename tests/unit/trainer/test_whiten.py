@@ -40,3 +40,13 @@ def test_constant_or_single_token_batches_stay_finite() -> None:
     assert whiten(one, m1, whiten_stats(one, m1)).tolist() == [[0.0, 0.0]]
     empty = torch.zeros(1, 2, dtype=torch.bool)
     assert whiten(one, empty, whiten_stats(one, empty)).abs().sum() == 0
+
+
+def test_min_std_floor_keeps_near_equal_advantages_small() -> None:
+    adv = torch.tensor([[0.01, -0.01, 0.02, 0.0]])
+    mask = torch.ones(1, 4, dtype=torch.bool)
+    free = whiten(adv, mask, whiten_stats(adv, mask))
+    floored = whiten(adv, mask, whiten_stats(adv, mask), min_std=0.2)
+    assert float(free.abs().max()) > 1.0  # unfloored, tiny differences become unit-size
+    assert float(floored.abs().max()) < 0.1
+    assert torch.allclose(floored * 0.2, adv - adv.mean(), atol=1e-7)
