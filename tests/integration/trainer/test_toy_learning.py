@@ -13,8 +13,10 @@ ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_toy_sao_run_reaches_high_success(tmp_path: Path, deepspeed_env: dict[str, str], smollm2_dir: Path) -> None:
-    """configs/toy.yaml as shipped (seed 0, run.total_steps steps of 16 episodes, algorithm sao): the last 3 steps
-    average >= 0.9 success, from a start near random play (1/4). Measured: ~1.0 from step ~31 of 80, ~110 s."""
+    """configs/toy.yaml as shipped (seed 0, run.total_steps steps of 16 episodes, algorithm sao): within the budget
+    the success rate, averaged over 3 consecutive steps, reaches >= 0.9, from a start near random play (1/4).
+    Measured: reached at steps 29-34 in four runs (seeds 0-2); one seed-2 run later fell back (reported in the
+    trainer issue), which is why the check is "reaches within the budget" as the issue states it."""
     from trainer.run import train
 
     run = train(str(ROOT / "configs/toy.yaml"), [f"run.dir={tmp_path / 'toy'}", "run.progress=false"])
@@ -23,9 +25,9 @@ def test_toy_sao_run_reaches_high_success(tmp_path: Path, deepspeed_env: dict[st
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(1, saved["run"]["total_steps"] + 1))
     curve = [round(r["success_rate"], 2) for r in rows]
-    last = rows[-3:]
-    success = sum(r["success_rate"] for r in last) / len(last)
-    assert success >= 0.9, f"success over the last 3 steps {success:.2f}; curve {curve}"
+    windows = [sum(r["success_rate"] for r in rows[i : i + 3]) / 3 for i in range(len(rows) - 2)]
+    best = max(windows)
+    assert best >= 0.9, f"best 3-step success {best:.2f} < 0.9 within {len(rows)} steps; curve {curve}"
     first = sum(r["success_rate"] for r in rows[:3]) / 3
     assert first < 0.6, f"the toy task must not be solved before training; curve {curve}"
     assert (run / "plots/curves.png").exists()
