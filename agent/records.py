@@ -38,9 +38,7 @@ class Segment:
                 raise ValueError("an action Segment needs logprobs and policy_version (from the engine)")
             object.__setattr__(self, "logprobs", tuple(float(x) for x in self.logprobs))
             if len(self.logprobs) != len(self.token_ids):
-                raise ValueError(
-                    f"action Segment has {len(self.token_ids)} tokens but {len(self.logprobs)} logprobs"
-                )
+                raise ValueError(f"action Segment has {len(self.token_ids)} tokens but {len(self.logprobs)} logprobs")
         elif self.logprobs is not None or self.policy_version is not None or self.reward is not None:
             raise ValueError(f"a {self.kind} Segment carries no logprobs, policy_version or reward")
 
