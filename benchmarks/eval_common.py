@@ -27,6 +27,7 @@ from typing import Any
 from agent.engines.openai_chat import ChatReply
 from agent.engines.protocols import EngineError
 from agent.records import Trajectory
+from saocore.jsonl import iter_jsonl
 
 SPEC_HELP = (
     "vllm:http://host:port[,http://...] | local:/path/to/checkpoint | hf:/path/to/checkpoint | "
@@ -93,13 +94,7 @@ def parse_model_spec(spec: str) -> ModelSpec:
 def load_script(path: str | Path) -> dict[str, list[str]]:
     """A scripted model's actions per task id; errors name the line."""
     out: dict[str, list[str]] = {}
-    for n, line in enumerate(Path(path).read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise EvalError(f"{path}:{n}: not valid JSON ({e.msg})") from e
+    for n, rec in iter_jsonl(path, error=EvalError):
         tid = rec.get("id", rec.get("instance_id")) if isinstance(rec, dict) else None
         actions = rec.get("actions") if isinstance(rec, dict) else None
         if tid is None or not isinstance(actions, list) or not all(isinstance(a, str) for a in actions):
@@ -259,16 +254,8 @@ def read_jsonl_records(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
     """(line number, record) of a JSONL file we wrote; a torn last line (a crash mid-write) is skipped."""
     if not path.exists():
         return
-    lines = path.read_text(encoding="utf-8").splitlines()
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as e:
-            if n == len(lines):
-                continue
-            raise EvalError(f"{path}:{n}: not valid JSON ({e.msg}); delete the line or the --out folder") from e
+    fix = "delete the line or the --out folder"
+    for n, rec in iter_jsonl(path, torn_tail_ok=True, error=EvalError, fix=fix):
         if isinstance(rec, dict):
             yield n, rec
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.eval_common import EvalError, progress, write_json
+from saocore.jsonl import iter_jsonl
 
 KEYS = ("instance_id", "model_name_or_path", "model_patch")
 FIX = 'each line must be one JSON object {"instance_id": str, "model_name_or_path": str, "model_patch": str}'
@@ -40,13 +41,7 @@ def load_predictions(path: Path, known_ids: set[str], dataset: str) -> list[dict
             raise EvalError(f"{path}: a .json predictions file must hold a list of predictions; {FIX}")
         entries = [(f"{path}: item {i}", p) for i, p in enumerate(items)]
     else:
-        for n, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                entries.append((f"{path}:{n}", json.loads(line)))
-            except json.JSONDecodeError as e:
-                raise EvalError(f"{path}:{n}: not valid JSON ({e.msg} at column {e.colno}); {FIX}") from e
+        entries = [(f"{path}:{n}", p) for n, p in iter_jsonl(path, error=EvalError, fix=FIX)]
     seen: dict[str, str] = {}
     preds = []
     for where, p in entries:

@@ -8,14 +8,13 @@ over action tokens), runs ``epochs`` passes of the value loss on DeepSpeed and w
 
 from __future__ import annotations
 
-import json
 import random
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from agent.records import Trajectory
+from saocore.jsonl import iter_jsonl
 from trainer import distributed as dist_utils
 from trainer.algos.advantages import skip_observation_gae
 from trainer.algos.losses import explained_variance, value_loss
@@ -33,13 +32,9 @@ def read_rollouts(path: str | Path) -> list[Trajectory]:
             f"--rollouts {str(p)!r} not found; pass a JSONL of trajectories (e.g. RUN_DIR/trajectories.jsonl)"
         )
     out = []
-    for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            rec: dict[str, Any] = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"{p}:{n}: not JSON ({e})") from e
+    for n, rec in iter_jsonl(p, error=ConfigError):
+        if not isinstance(rec, dict):
+            raise ConfigError(f"{p}:{n}: not a trajectory record (a JSON object was expected)")
         if rec.get("type") == "event" or rec.get("type") == "resume":
             continue
         body = rec.get("trajectory", rec)

@@ -8,6 +8,8 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+from saocore.jsonl import iter_jsonl
+
 REQUIRED_FIELDS = (
     "instance_id",
     "repo",
@@ -136,13 +138,7 @@ def load_instances(path: str | Path) -> list[dict[str, Any]]:
         records = data if isinstance(data, list) else [data]
         return [validate_instance(r) for r in records]
     out = []
-    for n, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{p}:{n}: not valid JSON ({e})") from e
+    for n, rec in iter_jsonl(p):
         try:
             out.append(validate_instance(rec))
         except ValueError as e:
