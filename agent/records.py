@@ -68,8 +68,11 @@ class Trajectory:
     """One episode: its segments in order, the final reward and how it ended.
 
     ``status="infra_error"`` means the infrastructure failed (sandbox, grader, engine); such a trajectory is
-    kept on disk and counted but never trained on. ``info`` holds env info (grading report, truncation reason);
-    ``timings`` holds seconds spent per phase (``engine_s``, ``env_s``, ``total_s``).
+    kept on disk and counted but never trained on. ``reward`` is the episode's total reward: the sum of the
+    per-turn ``Segment.reward`` values plus any part no turn carries (the trainer puts that rest on the last action
+    token). ``info`` holds env info (grading report, truncation reason); ``timings`` holds seconds spent per phase
+    (``engine_s``, ``env_s``, ``total_s``). ``group_id`` names the rollout group (the episodes of one prompt that a
+    grouped algorithm such as GRPO compares with each other); None for a single rollout.
     """
 
     task_id: str
@@ -79,8 +82,11 @@ class Trajectory:
     status: TrajectoryStatus = "ok"
     info: dict[str, Any] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
+    group_id: int | None = None
 
     def __post_init__(self) -> None:
+        if self.group_id is not None:
+            object.__setattr__(self, "group_id", int(self.group_id))
         if self.status not in _STATUSES:
             raise ValueError(f"Trajectory.status must be one of {_STATUSES}, got {self.status!r}")
         object.__setattr__(self, "segments", tuple(self.segments))
@@ -117,6 +123,7 @@ class Trajectory:
             status=d.get("status", "ok"),
             info=dict(d.get("info") or {}),
             timings=dict(d.get("timings") or {}),
+            group_id=d.get("group_id"),
         )
 
     def to_json(self) -> str:

@@ -33,8 +33,11 @@ FEATURES = datasets.Features(
         "status": datasets.Value("string"),
         "info_json": datasets.Value("string"),
         "timings_json": datasets.Value("string"),
+        "group_id": datasets.Value("int64"),
     }
 )
+# Columns added after the first files were written: a dataset without them still reads (as None).
+_OPTIONAL = {"group_id"}
 
 
 def _row(t: Trajectory) -> dict[str, Any]:
@@ -46,6 +49,7 @@ def _row(t: Trajectory) -> dict[str, Any]:
         "status": t.status,
         "info_json": json.dumps(t.info, default=str),
         "timings_json": json.dumps(t.timings),
+        "group_id": t.group_id,
     }
 
 
@@ -56,7 +60,7 @@ def to_dataset(trajectories: Iterable[Trajectory]) -> datasets.Dataset:
 
 def from_dataset(ds: datasets.Dataset) -> list[Trajectory]:
     """Inverse of ``to_dataset``; a row that is not a trajectory raises ValueError naming its index."""
-    missing = set(FEATURES) - set(ds.column_names)
+    missing = set(FEATURES) - set(ds.column_names) - _OPTIONAL
     if missing:
         raise ValueError(f"dataset lacks trajectory columns {sorted(missing)}; was it written by to_dataset?")
     out = []
@@ -71,6 +75,7 @@ def from_dataset(ds: datasets.Dataset) -> list[Trajectory]:
                     status=row["status"],
                     info=json.loads(row["info_json"] or "{}"),
                     timings=json.loads(row["timings_json"] or "{}"),
+                    group_id=row.get("group_id"),
                 )
             )
         except (KeyError, ValueError, TypeError) as e:

@@ -37,6 +37,7 @@ def trajectory(draw: st.DrawFn) -> Trajectory:
         status=draw(st.sampled_from(["ok", "truncated", "infra_error"])),
         info=draw(st.dictionaries(st.text(max_size=5), st.one_of(st.integers(), st.text(max_size=5)), max_size=3)),
         timings={"total_s": draw(st.floats(0, 100))},
+        group_id=draw(st.one_of(st.none(), st.integers(0, 10**6))),
     )
 
 
@@ -75,3 +76,16 @@ def test_bad_files_name_the_problem(tmp_path: Path) -> None:
 
     with pytest.raises(ValueError, match="lacks trajectory columns"):
         from_dataset(datasets.Dataset.from_list([{"a": 1}]))
+
+
+def test_records_written_before_group_ids_still_load(tmp_path: Path) -> None:
+    import datasets
+
+    t = Trajectory("t", "e", (Segment("prompt", (1,)),), 1.0)
+    d = t.to_dict()
+    del d["group_id"]
+    assert Trajectory.from_dict(d).group_id is None
+    rows = to_dataset([t]).remove_columns(["group_id"])
+    assert isinstance(rows, datasets.Dataset)
+    assert from_dataset(rows) == [t]
+    assert Trajectory.from_dict({**d, "group_id": 3}).group_id == 3
