@@ -12,9 +12,14 @@ from typing import Any
 
 import yaml
 
-ALGORITHMS = ("sao", "grpo", "grpo_dis", "ppo", "running_mean")
-# Which algorithms train a critic (the others use a group or running-mean baseline).
-CRITIC_ALGORITHMS = ("sao", "ppo")
+from trainer.algos.registry import (
+    AlgorithmSpec,
+    advantage_names,
+    advantage_traits,
+    algorithm_names,
+    get_algorithm,
+    policy_loss_names,
+)
 
 
 class ConfigError(ValueError):
@@ -80,7 +85,11 @@ class TrainerConfig:
     """The algorithm and its knobs."""
 
     algorithm: str = "sao"
-    """One of sao (default), grpo, grpo_dis, ppo, running_mean."""
+    """A registered algorithm: sao (default), grpo, grpo_dis, ppo (VAPO-style), running_mean, or one added with
+    ``trainer.algos.registry.register_algorithm`` (see docs/register_algorithm.md)."""
+    advantage: str | None = None
+    """Override the algorithm's advantage estimator, e.g. ``gae`` (token-level GAE that steps through observation
+    tokens) for the ablation against skip-observation GAE; null = the algorithm's own."""
     batch_size: int = 8
     """Trajectories per policy step."""
     lr: float = 1e-5
@@ -92,8 +101,12 @@ class TrainerConfig:
     eps_high: float = 0.28
     """DIS/PPO upper ratio bound: tokens with r >= 1 + eps_high are masked out."""
     gamma: float = 1.0
+    """GAE discount per action token (skip-observation GAE counts action tokens only)."""
     lam: float = 1.0
-    """GAE lambda (``lambda`` is accepted as the YAML key too)."""
+    """GAE lambda of the actor's advantages (``lambda`` is accepted as the YAML key too). With gamma = lam = 1 the
+    advantage is the Monte-Carlo return minus V whatever the estimator; lam < 1 makes the critic's values matter."""
+    critic_lam: float = 1.0
+    """GAE lambda of the critic's targets (VAPO-style: 1 = unbiased Monte-Carlo returns)."""
     length_adaptive_lambda: bool = False
     """VAPO's length-adaptive lambda for the policy: lambda = 1 - 1 / (lambda_alpha * action_tokens)."""
     lambda_alpha: float = 0.05
@@ -103,6 +116,11 @@ class TrainerConfig:
     """Push new weights to the inference engine every N versions."""
     group_size: int = 4
     """GRPO: rollouts per prompt."""
+    ppo_epochs: int = 1
+    """Optimizer steps of the actor on each batch (> 1 lets a PPO-style clip act; the old-policy recompute
+    happens once, before the first)."""
+    behavior_weight_cap: float | None = None
+    """ppo (decoupled PPO): drop tokens whose behaviour weight pi_old / pi_rollout exceeds this; null = no cap."""
     entropy_coef: float = 0.0
     warmup_steps: int = 0
     """Linear learning-rate warmup of the actor over its first N optimizer steps (0 = none)."""
@@ -131,11 +149,25 @@ class RolloutConfig:
     max_tokens: int = 64
     """Max new tokens per action."""
     temperature: float = 1.0
+    """Sampling temperature; the trainer's logprob recompute divides the logits by the same value, so the DIS
+    ratio compares the distribution that was sampled from."""
+    top_p: float = 1.0
+    """Nucleus sampling is not supported for training (the recompute would not truncate the same way): keep 1."""
+    top_k: int = 0
+    """Top-k sampling is not supported for training (same reason): keep 0 (off)."""
     max_turns: int = 8
     max_context_tokens: int = 2048
     action_vocab: list[str] = field(default_factory=list)
     """Restrict sampling (and the trained policy) to these words' tokens, e.g. ``[A, B, C]`` for the toy game with
     a random-init model; empty = the full vocabulary. Needs ``engine: hf``."""
+    weight_sync: str = "checkpoint"
+    """vllm: how new weights reach the servers: ``checkpoint`` (a safetensors dir every server reads: needs a
+    filesystem shared with the trainer) or ``broadcast`` (in memory over a process group: gloo on CPU, NCCL on GPU)."""
+    sync_bucket_mb: float = 64.0
+    """broadcast: tensors travel in flat buckets of at most this many MiB (0 = one tensor per message)."""
+    sync_timeout_s: float = 120.0
+    """broadcast: the longest wait for the engines to join and for each bucket; past it the sync fails with an error
+    naming the step (never a hang)."""
 
 
 @dataclass
@@ -163,6 +195,82 @@ class DeepSpeedConfig:
     gradient_clipping: float = 1.0
 
 
+STAGES = ("collect", "sft", "eval", "train")
+
+
+@dataclass
+class SFTConfig:
+    """Supervised fine-tuning (``sao sft``, and the ``sft`` stage): loss on action tokens only."""
+
+    data: list[str] = field(default_factory=list)
+    """JSONL / parquet files or hub ids of chat conversations (OpenAI messages) or SAO trajectories (see
+    ``trainer/sft_data.py``); the ``sft`` stage of a staged run uses the ``collect`` stage's trajectories."""
+    min_reward: float | None = None
+    """Trajectories only: keep those with ``reward >= min_reward`` (rejection sampling); null keeps all."""
+    epochs: int = 1
+    steps: int = 0
+    """Optimizer steps; 0 = ``epochs`` passes over the data."""
+    batch_size: int = 8
+    """Sequences per optimizer step (split into ``deepspeed.micro_batch_size`` micro batches)."""
+    lr: float = 1e-5
+    weight_decay: float = 0.0
+    warmup_steps: int = 0
+    max_len: int = 2048
+    """Longer sequences are skipped (and counted)."""
+
+
+@dataclass
+class CollectConfig:
+    """The ``collect`` stage: demonstrations rolled out on the env by a model spec (``solver`` for arithmetic)."""
+
+    model: str = "solver"
+    n: int = 64
+    """Episodes to roll out, on the training tasks (``env.tasks``)."""
+    concurrency: int = 4
+
+
+@dataclass
+class EvalConfig:
+    """The ``eval`` stage: the current policy on held-out tasks (success, valid tool-call rate, mean turns)."""
+
+    n: int = 32
+    """Held-out episodes (one per task)."""
+    seed: int = 1000
+    """Held-out tasks are ``arithmetic`` tasks drawn with this seed (plus ``run.seed``); any task whose problem is
+    also a training task is skipped."""
+    temperature: float = 1.0
+    """Sampling temperature of the evaluated policy (0 = greedy)."""
+    concurrency: int = 16
+
+
+CLUSTER_BACKENDS = ("local", "ray")
+RESOURCE_KEYS = ("num_cpus", "num_gpus", "memory", "resources")
+
+
+@dataclass
+class ClusterConfig:
+    """Where the roles run: one machine (``local``) or placed by Ray on an existing cluster (``ray``)."""
+
+    backend: str = "local"
+    """``local`` (this process and its torchrun ranks) or ``ray`` (trainer ranks, vLLM engines and rollout workers
+    as Ray actors; see docs/scale.md)."""
+    address: str | None = None
+    """ray: the cluster to join (``auto``, ``127.0.0.1:6379``, ``ray://...``); null starts a local Ray instance."""
+    advertise_host: str | None = None
+    """The address other nodes use to reach this run's rendezvous points (DeepSpeed master, weight-sync group);
+    null: 127.0.0.1 on ``local``, the Ray node IP on ``ray``."""
+    trainer_ranks: int = 1
+    """ray: trainer ranks (one DeepSpeed world across Ray actors; one per GPU, or per CPU slot)."""
+    engines: int = 1
+    """ray with rollout.engine=vllm: vLLM server actors (each starts a server with the SAO worker extension)."""
+    rollout_workers: int = 1
+    """ray: rollout worker actors; each runs episodes with its node's sandbox host (Docker engine, warm pool)."""
+    trainer_resources: dict[str, Any] = field(default_factory=lambda: {"num_cpus": 1})
+    """Ray resources of one trainer rank: ``num_cpus``, ``num_gpus``, ``memory`` (bytes), ``resources`` (custom)."""
+    engine_resources: dict[str, Any] = field(default_factory=lambda: {"num_cpus": 1})
+    rollout_resources: dict[str, Any] = field(default_factory=lambda: {"num_cpus": 1})
+
+
 @dataclass
 class Config:
     run: RunConfig = field(default_factory=RunConfig)
@@ -172,10 +280,27 @@ class Config:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
     deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    collect: CollectConfig = field(default_factory=CollectConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    stages: list[str] = field(default_factory=list)
+    """Run these stages in order under ``sao train`` (e.g. ``[collect, sft, eval, train, eval]``, see
+    ``trainer/stages.py``); empty = RL training only."""
+
+    @property
+    def algorithm(self) -> AlgorithmSpec:
+        """The spec of ``trainer.algorithm`` (what the learner and the run branch on)."""
+        return get_algorithm(self.trainer.algorithm)
 
     @property
     def uses_critic(self) -> bool:
-        return self.trainer.algorithm in CRITIC_ALGORITHMS
+        return self.algorithm.critic
+
+    @property
+    def advantage_estimator(self) -> str:
+        """``trainer.advantage`` if set, else the algorithm's estimator."""
+        return self.trainer.advantage or self.algorithm.advantage
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -183,16 +308,23 @@ class Config:
     def validate(self) -> None:
         """Reject bad values and combinations; each message names the field and the fix."""
         t, r, d = self.trainer, self.rollout, self.deepspeed
-        if t.algorithm not in ALGORITHMS:
-            close = difflib.get_close_matches(t.algorithm, ALGORITHMS, n=1)
+        known = algorithm_names()
+        if t.algorithm not in known:
+            close = difflib.get_close_matches(t.algorithm, known, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ConfigError(f"trainer.algorithm: unknown {t.algorithm!r}{hint}; choose one of {list(ALGORITHMS)}")
+            raise ConfigError(f"trainer.algorithm: unknown {t.algorithm!r}{hint}; choose one of {known}")
         checks: list[tuple[bool, str]] = [
             (t.critic_updates_per_step >= 1, "trainer.critic_updates_per_step (K) must be >= 1; set it to 1 or more"),
             (0 < t.eps_low < 1, "trainer.eps_low must be in (0, 1) (the ratio lower bound is 1 - eps_low)"),
             (t.eps_high > 0, "trainer.eps_high must be > 0 (the ratio upper bound is 1 + eps_high)"),
             (0 <= t.gamma <= 1, "trainer.gamma must be in [0, 1]"),
             (0 <= t.lam <= 1, "trainer.lam (lambda) must be in [0, 1]"),
+            (0 <= t.critic_lam <= 1, "trainer.critic_lam must be in [0, 1]"),
+            (t.ppo_epochs >= 1, "trainer.ppo_epochs must be >= 1 (1 = one policy step per batch)"),
+            (
+                t.behavior_weight_cap is None or t.behavior_weight_cap > 1,
+                "trainer.behavior_weight_cap must be > 1 (or null for no cap)",
+            ),
             (t.lambda_alpha > 0, "trainer.lambda_alpha must be > 0"),
             (t.batch_size >= 1, "trainer.batch_size must be >= 1"),
             (t.lr > 0, "trainer.lr must be > 0"),
@@ -207,6 +339,13 @@ class Config:
             (r.concurrency >= 1, "rollout.concurrency must be >= 1"),
             (r.buffer_size >= 1, "rollout.buffer_size must be >= 1"),
             (r.max_tokens >= 1, "rollout.max_tokens must be >= 1"),
+            (r.temperature > 0, "rollout.temperature must be > 0 (greedy decoding has no logprobs to train on)"),
+            (
+                r.top_p == 1.0 and r.top_k == 0,
+                "rollout.top_p / rollout.top_k: truncated sampling is not supported for training (the trainer's "
+                "logprob recompute would not truncate the same way, so the DIS ratios would be wrong); set "
+                "rollout.top_p=1.0 and rollout.top_k=0 and use rollout.temperature instead",
+            ),
             (r.max_turns >= 1, "rollout.max_turns must be >= 1"),
             (not r.action_vocab or r.engine == "hf", "rollout.action_vocab needs rollout.engine=hf; clear one of them"),
             (d.zero_stage in (0, 1, 2, 3), "deepspeed.zero_stage must be 0, 1, 2 or 3"),
@@ -217,14 +356,85 @@ class Config:
             (self.run.save_every >= 1, "run.save_every must be >= 1"),
             (self.run.keep_checkpoints >= 1, "run.keep_checkpoints must be >= 1"),
         ]
+        checks += _cluster_checks(self)
+        checks += _stage_checks(self)
         for ok, msg in checks:
             if not ok:
                 raise ConfigError(msg)
-        if t.algorithm == "grpo" and t.batch_size % t.group_size:
+        self._validate_algorithm()
+
+    def _validate_algorithm(self) -> None:
+        """The checks the algorithm's spec asks for: registered parts, grouping, critic, its own checks."""
+        t, spec = self.trainer, self.algorithm
+        if spec.policy_loss not in policy_loss_names():
+            raise ConfigError(
+                f"trainer.algorithm {spec.name!r} names the policy loss {spec.policy_loss!r}, which is not registered; "
+                f"register it (trainer.algos.registry.register_policy_loss) before loading the config"
+            )
+        est = self.advantage_estimator
+        if est not in advantage_names():
+            close = difflib.get_close_matches(est, advantage_names(), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(f"trainer.advantage: unknown estimator {est!r}{hint}; choose one of {advantage_names()}")
+        traits = advantage_traits(est)
+        if traits.needs_values and not spec.critic:
+            raise ConfigError(
+                f"trainer.advantage {est!r} needs critic values, but algorithm {spec.name!r} trains no critic; "
+                "pick an algorithm with a critic (sao, ppo) or another estimator"
+            )
+        if traits.needs_groups and not spec.grouped:
+            raise ConfigError(
+                f"trainer.advantage {est!r} compares rollouts of one prompt, but algorithm {spec.name!r} does not "
+                "roll out in groups; pick a grouped algorithm (grpo, grpo_dis) or another estimator"
+            )
+        if spec.grouped and t.batch_size % t.group_size:
             raise ConfigError(
                 f"trainer.batch_size ({t.batch_size}) must be a multiple of trainer.group_size ({t.group_size}) "
-                "for grpo; change one of them"
+                f"for {spec.name} (it trains on whole groups); change one of them"
             )
+        for check in spec.checks:
+            msg = check(self)
+            if msg:
+                raise ConfigError(f"trainer.algorithm {spec.name!r}: {msg}")
+
+
+def _stage_checks(cfg: Config) -> list[tuple[bool, str]]:
+    s, e = cfg.sft, cfg.eval
+    unknown = [x for x in cfg.stages if x not in STAGES]
+    return [
+        (not unknown, f"stages: unknown {unknown}; each stage is one of {list(STAGES)}"),
+        ("sft" not in cfg.stages or "collect" in cfg.stages or bool(s.data),
+         "stages: the sft stage needs data: add a collect stage before it or set sft.data"),
+        (s.epochs >= 1, "sft.epochs must be >= 1"),
+        (s.steps >= 0, "sft.steps must be >= 0 (0 = sft.epochs passes)"),
+        (s.batch_size >= 1, "sft.batch_size must be >= 1"),
+        (s.lr > 0, "sft.lr must be > 0"),
+        (s.warmup_steps >= 0, "sft.warmup_steps must be >= 0"),
+        (s.max_len >= 2, "sft.max_len must be >= 2 tokens"),
+        (cfg.collect.n >= 1, "collect.n must be >= 1"),
+        (cfg.collect.concurrency >= 1, "collect.concurrency must be >= 1"),
+        (e.n >= 1, "eval.n must be >= 1"),
+        (e.temperature >= 0, "eval.temperature must be >= 0 (0 = greedy)"),
+        (e.concurrency >= 1, "eval.concurrency must be >= 1"),
+    ]  # fmt: skip
+
+
+def _cluster_checks(cfg: Config) -> list[tuple[bool, str]]:
+    r, c = cfg.rollout, cfg.cluster
+    out = [
+        (r.weight_sync in ("checkpoint", "broadcast"), "rollout.weight_sync must be 'checkpoint' or 'broadcast'"),
+        (r.sync_bucket_mb >= 0, "rollout.sync_bucket_mb must be >= 0 (0 = one tensor per message)"),
+        (r.sync_timeout_s > 0, "rollout.sync_timeout_s must be > 0 (seconds)"),
+        (c.backend in CLUSTER_BACKENDS, f"cluster.backend: unknown {c.backend!r}; use one of {list(CLUSTER_BACKENDS)}"),
+        (c.trainer_ranks >= 1, "cluster.trainer_ranks must be >= 1"),
+        (c.engines >= 1, "cluster.engines must be >= 1"),
+        (c.rollout_workers >= 1, "cluster.rollout_workers must be >= 1"),
+    ]
+    for role in ("trainer", "engine", "rollout"):
+        res = getattr(c, f"{role}_resources")
+        bad = sorted(set(res) - set(RESOURCE_KEYS))
+        out.append((not bad, f"cluster.{role}_resources: unknown key(s) {bad}; use {list(RESOURCE_KEYS)}"))
+    return out
 
 
 def _field_types(cls: type) -> dict[str, Any]:

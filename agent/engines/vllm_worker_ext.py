@@ -1,4 +1,5 @@
-"""A vLLM worker extension (mixed into each vLLM worker) that reloads weights in place from a safetensors checkpoint.
+"""A vLLM worker extension (mixed into each vLLM worker) that reloads weights in place: from a safetensors
+checkpoint, or received in memory from the trainer over a process group (``agent.engines.weight_sync``).
 
 Loaded with ``--worker-extension-cls agent.engines.vllm_worker_ext.SAOWorkerExtension`` and called over the dev
 ``POST /collective_rpc`` endpoint (``VLLM_SERVER_DEV_MODE=1``). Method names carry a ``sao_`` prefix because
@@ -8,6 +9,8 @@ Why not ``model.load_weights`` or the built-in reload: on CPU, vLLM repacks line
 (the plain parameters are emptied), so loading into them fails; and its ``reload_weights`` leaves a tied
 ``lm_head`` pointing at the old embedding tensor. This extension runs the layerwise in-place reload and then
 re-ties the head and rebuilds the head's packed copy.
+
+Each worker remembers the policy version it serves (``sao_version``); both reload paths set it.
 """
 
 from __future__ import annotations
@@ -34,15 +37,54 @@ class SAOWorkerExtension:
     """Mixed into vLLM's worker class: ``self`` is the worker and has ``model_runner``."""
 
     model_runner: Any
+    _sao_served_version: int = 0
 
-    def sao_reload_weights(self, checkpoint_dir: str) -> dict[str, float]:
+    def sao_reload_weights(self, checkpoint_dir: str, version: int | None = None) -> dict[str, float]:
         """Load every tensor of ``checkpoint_dir`` into the running model; return a small fingerprint."""
         import time
 
         t0 = time.perf_counter()
         self.model_runner.reload_weights(weights_iterator=iter_safetensors(checkpoint_dir))
         self._sao_retie_lm_head()
-        return {"seconds": time.perf_counter() - t0, **self.sao_fingerprint()}
+        if version is not None:
+            self._sao_served_version = int(version)
+        return {"seconds": time.perf_counter() - t0, "version": self._sao_served_version, **self.sao_fingerprint()}
+
+    def sao_receive_weights(self, plan: dict[str, Any], rank_offset: int = 1) -> dict[str, float]:
+        """Join the trainer's weight-sync group, receive every tensor of ``plan``, load them, serve its version.
+
+        ``rank_offset`` is this server's first rank in the group; a tensor-parallel worker adds its own rank.
+        """
+        import time
+
+        import torch
+
+        from agent.engines.weight_sync import SyncPlan, destroy_group, init_group, receive
+
+        t0 = time.perf_counter()
+        p = SyncPlan.from_dict(plan)
+        rank = int(rank_offset) + int(getattr(self, "rank", 0) or 0)
+        device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
+        pg = init_group(p, rank)
+        try:
+            tensors = receive(pg, p, device)
+        finally:
+            destroy_group(pg)
+        t1 = time.perf_counter()
+        self.model_runner.reload_weights(weights_iterator=iter(tensors))
+        self._sao_retie_lm_head()
+        self._sao_served_version = p.version
+        return {
+            "seconds": time.perf_counter() - t0,
+            "receive_s": t1 - t0,
+            "load_s": time.perf_counter() - t1,
+            "version": p.version,
+            **self.sao_fingerprint(),
+        }
+
+    def sao_version(self) -> int:
+        """The policy version this worker's weights come from."""
+        return self._sao_served_version
 
     def _sao_retie_lm_head(self) -> None:
         model = self.model_runner.get_model()
