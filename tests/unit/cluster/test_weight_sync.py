@@ -88,7 +88,7 @@ def test_broadcast_between_two_members_delivers_every_tensor_exactly(bucket_byte
 def test_sender_refuses_a_tensor_out_of_plan_order() -> None:
     plan = SyncPlan(1, "127.0.0.1", 1, 2, plan_buckets([spec("a", 2), spec("b", 2)], 1 << 20))
     sender = BucketSender(pg=None, plan=plan)
-    with pytest.raises(WeightSyncError, match="'b'.*where the plan has 'a'"):
+    with pytest.raises(WeightSyncError, match=r"'b'.*where the plan has 'a'"):
         sender.add("b", torch.zeros(2))
 
 
