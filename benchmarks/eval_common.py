@@ -28,6 +28,7 @@ from agent.engines.openai_chat import ChatReply
 from agent.engines.protocols import EngineError
 from agent.records import Trajectory
 from saocore.jsonl import iter_jsonl
+from saocore.paths import resolve_model_path
 
 SPEC_HELP = (
     "vllm:http://host:port[,http://...] | local:/path/to/checkpoint | hf:/path/to/checkpoint | "
@@ -72,7 +73,7 @@ def parse_model_spec(spec: str) -> ModelSpec:
             raise EvalError(f"--model {spec!r}: vllm: needs http(s) server URLs, e.g. vllm:http://127.0.0.1:8000")
         return ModelSpec("vllm", urls=urls)
     if kind in ("local", "hf"):
-        path = str(Path(rest).expanduser())
+        path = resolve_model_path(rest)  # an alias (smollm2) or a directory
         if not Path(path, "config.json").is_file():
             raise EvalError(f"--model {spec!r}: {path} is not a model directory (no config.json)")
         return ModelSpec(kind, path=path)

@@ -1,14 +1,16 @@
-"""Math task sources for PythonToolEnv: benchmark files, any local file or HF dataset, and generated arithmetic.
+"""Task sources, all read with the ``datasets`` library: shipped benchmarks, local files, hub ids, generated arithmetic.
 
-Every loader returns task records ``{"id": str, "problem": str, "answer": str}``.
-
-``load_math_tasks(source)`` reads, with the ``datasets`` library:
-- a benchmark name from the shared data folder (``saocore.paths.shared_data_dir()``): ``aime24``, ``aime25``
-  (JSONL ``{prompt, answer}``) and ``imo_answerbench`` (CSV, columns ``Problem`` / ``Short Answer``);
+A dataset SPEC (wherever one is named: ``env.tasks``, ``--dataset``, an env's ``dataset=`` kwarg) is one of:
+- a benchmark shipped in the package (``envs/data/``, sources and licences in its README): ``aime24``, ``aime25``,
+  ``imo_answerbench``;
 - a local ``.jsonl`` / ``.json`` / ``.csv`` / ``.parquet`` file;
-- otherwise a Hugging Face dataset name (``load_dataset(name, split=split)``; needs the hub or its cache).
-Problem and answer columns are found among common names (``problem``, ``prompt``, ``question``, ``Problem`` /
-``answer``, ``Short Answer``, ``final_answer``...) or given with ``problem_key`` / ``answer_key``.
+- otherwise a Hugging Face dataset id (``load_dataset(id, split=split)``; needs the hub or its local cache).
+
+``load_tasks(spec)`` gives training task records (``env.tasks``): the benchmark names give math records, ``arithmetic``
+generated ones, files and hub ids their rows as they are (JSON nulls dropped, so a key some rows lack stays absent).
+``load_math_tasks(spec)`` gives math records ``{"id": str, "problem": str, "answer": str}``; problem and answer
+columns are found among common names (``problem``, ``prompt``, ``question``, ``Problem`` / ``answer``,
+``Short Answer``, ``final_answer``...) or given with ``problem_key`` / ``answer_key``.
 
 ``arithmetic_tasks(n, seed)`` generates easy arithmetic problems meant to be solved with the python tool (the
 quickstart's training data): exact integer answers a small model can check by running one line of code.
@@ -16,19 +18,83 @@ quickstart's training data): exact integer answers a small model can check by ru
 
 from __future__ import annotations
 
+import contextlib
 import random
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+DATA_DIR = Path(__file__).resolve().parent / "data"
 BENCHMARKS: dict[str, str] = {
     "aime24": "aime24.jsonl",
     "aime25": "aime25.jsonl",
     "imo_answerbench": "imo_answerbench_v2.csv",
 }
+ARITHMETIC = "arithmetic"
 PROBLEM_KEYS = ("problem", "prompt", "question", "Problem", "Question", "input")
 ANSWER_KEYS = ("answer", "Short Answer", "final_answer", "Answer", "solution_answer", "target")
 ID_KEYS = ("id", "Problem ID", "problem_id", "ID", "unique_id")
 _FORMATS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
+SPEC_FORMS = (
+    f"a shipped benchmark ({', '.join(BENCHMARKS)}), a local {'/'.join(sorted(_FORMATS))} file or a Hugging Face "
+    "dataset id"
+)
+
+
+def benchmark_path(name: str) -> Path:
+    """The packaged file of benchmark ``name`` (one of ``BENCHMARKS``)."""
+    if name not in BENCHMARKS:
+        raise ValueError(f"unknown benchmark {name!r}; shipped benchmarks are {sorted(BENCHMARKS)}")
+    path = DATA_DIR / BENCHMARKS[name]
+    if not path.is_file():
+        raise FileNotFoundError(f"benchmark {name!r}: {path} is missing from the installed package; reinstall sao")
+    return path
+
+
+@contextlib.contextmanager
+def _quiet_datasets() -> Iterator[None]:
+    """No "Generating train split" bars for our small files: the caller shows its own progress."""
+    import datasets
+    from datasets.utils import logging as ds_logging
+
+    was_enabled = datasets.is_progress_bar_enabled()
+    level = ds_logging.get_verbosity()
+    datasets.disable_progress_bars()
+    ds_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        ds_logging.set_verbosity(level)
+        if was_enabled:
+            datasets.enable_progress_bars()
+
+
+def load_records(source: str, *, split: str = "train") -> tuple[Any, str]:
+    """``(datasets.Dataset, short name)`` for a dataset SPEC (see the module doc); errors say which forms exist."""
+    from datasets import load_dataset
+
+    if not source or not source.strip():
+        raise ValueError(f"empty dataset name; give {SPEC_FORMS}")
+    with _quiet_datasets():
+        if source in BENCHMARKS:
+            path = benchmark_path(source)
+            return load_dataset(_FORMATS[path.suffix], data_files=str(path), split="train"), source
+        path = Path(source).expanduser()
+        if path.suffix in _FORMATS:
+            if not path.is_file():
+                raise FileNotFoundError(f"dataset file {path} does not exist; give {SPEC_FORMS}")
+            return load_dataset(_FORMATS[path.suffix], data_files=str(path), split="train"), path.stem
+        if path.exists():
+            raise ValueError(f"{path}: unsupported file type {path.suffix!r}; use one of {sorted(_FORMATS)}")
+        try:
+            ds = load_dataset(source, split=split)
+        except Exception as e:
+            raise ValueError(
+                f"dataset {source!r} is not a shipped benchmark ({', '.join(BENCHMARKS)}) nor a local file, and "
+                f"loading it as a Hugging Face dataset failed ({type(e).__name__}: {e}); pass a local "
+                f"{'/'.join(sorted(_FORMATS))} file, or set HF_HUB_OFFLINE=1 to read a copy in the HF cache"
+            ) from e
+        return ds, source.replace("/", "_")
 
 
 def _pick(columns: list[str], wanted: str | None, candidates: tuple[str, ...], what: str, source: str) -> str:
@@ -45,30 +111,6 @@ def _pick(columns: list[str], wanted: str | None, candidates: tuple[str, ...], w
     )
 
 
-def _open(source: str, split: str) -> tuple[Any, str]:
-    from datasets import load_dataset
-
-    if source in BENCHMARKS:
-        from saocore.paths import shared_data_dir
-
-        root = shared_data_dir()
-        if root is None or not (root / BENCHMARKS[source]).exists():
-            raise FileNotFoundError(
-                f"benchmark {source!r} needs {BENCHMARKS[source]} in the shared data folder; set SAO_DATA to the "
-                "folder holding it (see saocore.paths.shared_data_dir)"
-            )
-        path = root / BENCHMARKS[source]
-        return load_dataset(_FORMATS[path.suffix], data_files=str(path), split="train"), source
-    path = Path(source).expanduser()
-    if path.suffix in _FORMATS:
-        if not path.exists():
-            raise FileNotFoundError(f"math task file {path} does not exist")
-        return load_dataset(_FORMATS[path.suffix], data_files=str(path), split="train"), path.stem
-    if path.exists():
-        raise ValueError(f"{path}: unsupported file type {path.suffix!r}; use one of {sorted(_FORMATS)}")
-    return load_dataset(source, split=split), source.replace("/", "_")
-
-
 def load_math_tasks(
     source: str,
     *,
@@ -77,8 +119,8 @@ def load_math_tasks(
     split: str = "train",
     limit: int | None = None,
 ) -> list[dict[str, str]]:
-    """Task records from a benchmark name, a local file or an HF dataset (see the module doc)."""
-    ds, prefix = _open(source, split)
+    """Math task records from a benchmark name, a local file or an HF dataset (see the module doc)."""
+    ds, prefix = load_records(source, split=split)
     cols = list(ds.column_names)
     pk = _pick(cols, problem_key, PROBLEM_KEYS, "problem", source)
     ak = _pick(cols, answer_key, ANSWER_KEYS, "answer", source)
@@ -99,6 +141,27 @@ def load_math_tasks(
         )
     if not out:
         raise ValueError(f"{source}: no rows in split {split!r}")
+    return out
+
+
+def load_tasks(
+    spec: str, *, num_generated: int = 1000, seed: int = 0, split: str = "train", limit: int | None = None
+) -> list[dict[str, Any]]:
+    """Training task records for ``env.tasks`` (see the module doc); each reaches the env as
+    ``reset(options={"task": record})``. ``num_generated`` and ``seed`` size ``arithmetic``; ``limit`` caps the rows.
+    """
+    if spec == ARITHMETIC:
+        return arithmetic_tasks(num_generated if limit is None else min(limit, num_generated), seed=seed)
+    if spec in BENCHMARKS:
+        return list(load_math_tasks(spec, limit=limit))
+    ds, _ = load_records(spec, split=split)
+    out: list[dict[str, Any]] = []
+    for i, row in enumerate(ds):
+        if limit is not None and i >= limit:
+            break
+        out.append({k: v for k, v in row.items() if v is not None})
+    if not out:
+        raise ValueError(f"{spec}: no task records (split {split!r})")
     return out
 
 

@@ -1,4 +1,4 @@
-"""Where SAO keeps things that outlive a clone: the cache folder and the assets inside it."""
+"""Where SAO keeps things that outlive a clone (the cache folder and the assets inside it), and model aliases."""
 
 from __future__ import annotations
 
@@ -25,13 +25,13 @@ def torch_extensions_dir() -> Path:
     return cache_dir() / "torch_extensions"
 
 
-def shared_data_dir() -> Path | None:
-    """The benchmark data folder (``$SAO_DATA`` or ``../shared/data`` beside the clone), if present."""
-    env = os.environ.get("SAO_DATA")
-    if env:
-        return Path(env)
-    here = Path(__file__).resolve().parent.parent
-    for cand in (here.parent / "shared" / "data", here / "data"):
-        if cand.is_dir():
-            return cand
-    return None
+#: Model names usable wherever a model is named (``model.path``, ``--model local:NAME``): name -> directory maker.
+MODEL_ALIASES = {"smollm2": smollm2_dir}
+
+
+def resolve_model_path(name: str) -> str:
+    """A model alias (``smollm2``) -> its directory; anything else (a path, ``tiny:llama``) comes back expanded."""
+    alias = MODEL_ALIASES.get(name.strip().lower())
+    if alias is not None:
+        return str(alias())
+    return name if name.startswith("tiny:") else str(Path(name).expanduser())

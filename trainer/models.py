@@ -10,6 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from saocore.paths import resolve_model_path  # aliases (smollm2) shared with eval
 from trainer.config import Config, ConfigError
 
 VALUE_HEAD_FILE = "value_head.safetensors"
@@ -21,15 +22,6 @@ _PRE_ATTENTION_NORMS = ("input_layernorm", "ln_1", "attention_norm", "pre_attent
 
 def _torch_dtype(name: str) -> torch.dtype:
     return {"float32": torch.float32, "bfloat16": torch.bfloat16}[name]
-
-
-def resolve_model_path(path: str) -> str:
-    """``smollm2`` names the SmolLM2-135M-Instruct dir made by setup (configs carry no machine paths)."""
-    if path == "smollm2":
-        from saocore.paths import smollm2_dir
-
-        return str(smollm2_dir())
-    return str(Path(path).expanduser())
 
 
 def load_actor(cfg: Config) -> nn.Module:

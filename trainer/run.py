@@ -96,14 +96,12 @@ def _load_tasks(cfg: Config) -> list[dict[str, Any]] | None:
     src = cfg.env.tasks
     if src is None:
         return None
-    if src == "arithmetic":
-        from envs.datasets import arithmetic_tasks
+    from envs.datasets import load_tasks
 
-        return arithmetic_tasks(cfg.env.num_tasks, seed=cfg.run.seed)
-    p = Path(src)
-    if not p.is_file():
-        raise ConfigError(f"env.tasks: {src!r} is not a file; give a JSONL of task records, 'arithmetic' or null")
-    return [json.loads(ln) for ln in p.read_text().splitlines() if ln.strip()]
+    try:
+        return load_tasks(src, num_generated=cfg.env.num_tasks, seed=cfg.run.seed)
+    except (ValueError, FileNotFoundError) as e:
+        raise ConfigError(f"env.tasks: {e}; or 'arithmetic', or null for the env's own tasks") from e
 
 
 def _allowed_ids(cfg: Config, tokenizer: Any) -> list[int] | None:

@@ -35,12 +35,7 @@ def test_local_csv_with_named_columns_and_errors(tmp_path: Path) -> None:
 
 
 def test_imo_answerbench_loads_latex_answers() -> None:
-    try:
-        tasks = load_math_tasks("imo_answerbench", limit=3)
-    except FileNotFoundError as e:
-        from tests._require import missing
-
-        missing("the shared IMO-AnswerBench data", str(e))
+    tasks = load_math_tasks("imo_answerbench", limit=3)
     assert tasks[0]["id"] == "imo-bench-algebra-001" and tasks[0]["answer"] == "3"
     assert tasks[1]["answer"].startswith("$\\left\\lfloor")
     assert grade_answer(tasks[1]["answer"], r"\lfloor \log_{2}a\rfloor + 1")[0]
