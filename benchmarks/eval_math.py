@@ -80,10 +80,8 @@ class PlainAnswerEnv(MultiTurnEnv):
         from envs.python_tool import grade_answer, last_boxed
 
         prediction = (last_boxed(action) or "").strip()
-        try:
-            ok, parsed = grade_answer(self._task["answer"], prediction) if prediction else (False, {})
-        except Exception as e:  # a math-verify parse failure is a wrong answer, with the reason kept
-            ok, parsed = False, {"grading_error": f"{type(e).__name__}: {e}"}
+        # A crash or timeout of math-verify raises GraderError: the sample becomes an infra error, never a 0.
+        ok, parsed = grade_answer(self._task["answer"], prediction) if prediction else (False, {})
         report = {"gold": self._task["answer"], "prediction": prediction, "correct": ok, **parsed}
         return Turn("Answer recorded.", reward=float(ok), terminated=True, info={"report": report, "solved": ok})
 

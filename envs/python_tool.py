@@ -5,7 +5,8 @@ per episode, with a timeout and an output cap; a fenced ```python block counts a
 and ends by either calling ``submit`` with an ``answer`` or writing a message with no tool call that contains
 ``\\boxed{...}``. The answer graded is the content of the LAST ``\\boxed{}`` (or the submitted text when it has no
 box). Grading: ``math_verify.verify(parse(gold), parse(prediction))``, so ``\\frac{1}{2}`` and ``0.5`` agree.
-Reward 1.0 if correct, else 0.0; ``info["report"]`` holds gold, extracted prediction and the verdict.
+Reward 1.0 if correct, else 0.0; ``info["report"]`` holds gold, extracted prediction and the verdict. A crash or
+timeout of math-verify is an infra error (``GraderError``), never a 0.
 
 Tasks: ``reset(options={"task": {"problem": ..., "answer": ...}})`` (``prompt`` is accepted for ``problem``;
 ``id`` is optional), or drawn by the seeded generator from ``dataset``: ``"arithmetic"`` (generated easy
@@ -14,6 +15,8 @@ dataset (see ``envs.datasets``), or a list of task records.
 
 Sandbox: ``sandbox`` is a ``sandboxes.config.SandboxConfig`` or a dict of its fields (default: bwrap, no
 network, 1 GiB); ``sandbox_factory`` (a callable returning a Sandbox, or an awaitable of one) overrides it.
+Docker sandboxes come from the episode runner's warm pool (``sandboxes.pool.acquire_sandbox``): a fresh
+container per episode, destroyed at its end, started ahead of time.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from envs.base import Grade, ToolEnv
 from envs.protocols import Tool
 from envs.tools.python import PythonTool
 from envs.tools.submit import SubmitTool
-from sandboxes.protocols import Sandbox
+from sandboxes.protocols import Sandbox, SandboxError
 
 SYSTEM_PROMPT = (
     "You solve math problems. You may run Python with the python tool; variables persist between calls. "
@@ -51,17 +54,37 @@ def last_boxed(text: str) -> str | None:
     return None
 
 
+GRADE_TIMEOUT_S = 5
+
+
+class GraderError(SandboxError):
+    """math-verify crashed or timed out: an infrastructure error (the episode ends as ``infra_error``, like a
+    sandbox failure), never a reward of 0. An answer it parses to nothing is a wrong answer, not an error."""
+
+
 def grade_answer(gold: str, prediction: str) -> tuple[bool, dict[str, Any]]:
-    """``math_verify`` verdict of ``prediction`` (a bare answer) against ``gold``, with the parsed forms."""
+    """``math_verify`` verdict of ``prediction`` (a bare answer) against ``gold``, with the parsed forms.
+    Raises ``GraderError`` when math-verify raises or hits its timeout (it would otherwise return False)."""
     from math_verify import parse, verify
+    from math_verify.errors import TimeoutException
 
     # math-verify enforces its timeouts with SIGALRM, which only the main thread may use.
     main = threading.current_thread() is threading.main_thread()
-    ptime: Any = 5 if main else None
+    ptime: Any = GRADE_TIMEOUT_S if main else None
     gold_text = gold if ("$" in gold or "\\boxed" in gold) else f"${gold}$"
-    gold_parsed = parse(gold_text, parsing_timeout=ptime)
-    pred_parsed = parse(f"\\boxed{{{prediction}}}", parsing_timeout=ptime)
-    ok = bool(gold_parsed) and bool(pred_parsed) and verify(gold_parsed, pred_parsed, timeout_seconds=ptime)
+    try:
+        gold_parsed = parse(gold_text, parsing_timeout=ptime, raise_on_error=True)
+        pred_parsed = parse(f"\\boxed{{{prediction}}}", parsing_timeout=ptime, raise_on_error=True)
+        ok = (
+            bool(gold_parsed)
+            and bool(pred_parsed)
+            and verify(gold_parsed, pred_parsed, timeout_seconds=ptime, raise_on_error=True)
+        )
+    except (Exception, TimeoutException) as e:
+        what = "timed out" if isinstance(e, TimeoutException) else "failed"
+        raise GraderError(
+            f"math-verify {what} grading {prediction[:200]!r} against {gold[:200]!r}: {type(e).__name__}: {e}"
+        ) from e
     return ok, {"gold_parsed": [str(x) for x in gold_parsed], "pred_parsed": [str(x) for x in pred_parsed]}
 
 
@@ -136,14 +159,15 @@ class PythonToolEnv(ToolEnv):
             made = self._factory()
         else:
             from sandboxes.config import SandboxConfig
-            from sandboxes.factory import make_sandbox, sandbox_config_from_dict
+            from sandboxes.factory import sandbox_config_from_dict
+            from sandboxes.pool import acquire_sandbox
 
             cfg = self._sandbox_cfg
             if cfg is None:
                 cfg = SandboxConfig(backend="bwrap")
             elif isinstance(cfg, dict):
                 cfg = sandbox_config_from_dict({"backend": "bwrap", **cfg})
-            made = make_sandbox(cfg)
+            made = acquire_sandbox(cfg)
         if inspect.isawaitable(made):
             made = await made
         return made  # type: ignore[no-any-return]
@@ -172,10 +196,7 @@ class PythonToolEnv(ToolEnv):
         boxed = last_boxed(raw)
         prediction = (boxed if boxed is not None else raw).strip()
         gold = self._task["answer"]
-        try:
-            ok, parsed = grade_answer(gold, prediction) if prediction else (False, {})
-        except Exception as e:
-            ok, parsed = False, {"grading_error": f"{type(e).__name__}: {e}"}
+        ok, parsed = grade_answer(gold, prediction) if prediction else (False, {})  # GraderError: infra error
         report = {"gold": gold, "prediction": prediction, "correct": ok, **parsed}
         return Grade(reward=1.0 if ok else 0.0, solved=ok, report=report)
 
