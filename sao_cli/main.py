@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from sao_cli import bench, envs_cmd, eval_cmd, serve, tasks, train
+from sao_cli import bench, envs_cmd, eval_cmd, serve, sft, tasks, train
 
 app = typer.Typer(
     name="sao",
@@ -14,6 +14,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 train.register(app)
+sft.register(app)
 app.add_typer(eval_cmd.app, name="eval", help="Evaluate a model: SWE-bench Verified, math benchmarks.")
 app.add_typer(envs_cmd.app, name="envs", help="List and check the registered environments.")
 app.add_typer(tasks.app, name="tasks", help="Build offline SWE-bench-format tasks from PyPI sdists.")

@@ -469,6 +469,10 @@ def train(config_path: str | None, overrides: list[str] | None = None, resume: s
     if config_path is None:
         config_path = str(Path(resume or "") / "config.yaml")
     cfg = load_config(config_path, overrides)
+    if cfg.stages:  # collect / sft / eval / train in one run (configs/quickstart.yaml)
+        from trainer.stages import run_stages
+
+        return run_stages(cfg, resume)
     cfg, run_dir, state = prepare_run_dir(cfg, resume)
     if resume is not None and state is None:
         raise ConfigError(f"--resume {resume!r}: no complete checkpoint in {run_dir}/checkpoints; start a new run")

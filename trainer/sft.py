@@ -1,0 +1,269 @@
+"""`sao sft`: supervised fine-tuning of the actor on demonstrations, on the same config tree, model loading,
+DeepSpeed engine, checkpoints and metrics as `sao train`.
+
+Loss: token-mean cross-entropy over action tokens only (prompt and observation tokens are masked), with token
+ids from the agent's own renderer (``trainer/sft_data.py``). Batches hold ``sft.batch_size`` sequences of
+similar length (bucketing), split into ``deepspeed.micro_batch_size`` micro batches, each padded only to its
+own longest row. RUN_DIR gets ``config.yaml``, ``metrics.jsonl`` (+ TensorBoard), ``plots/curves.png``,
+resumable checkpoints (``--resume RUN_DIR``) and ``final/actor`` (a HF model dir with the tokenizer).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trainer import distributed as dist_utils
+from trainer.config import Config, ConfigError, config_diff, load_config, save_config
+from trainer.learner import make_engine
+from trainer.metrics import MetricsWriter, plot_run
+from trainer.sft_data import Example, bucketed_batches, load_examples, padding_fraction
+
+STATE_FILE = "sft_state.json"
+
+
+def _micro_tensors(rows: list[Example], pad_id: int) -> dict[str, torch.Tensor]:
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    attn = torch.zeros((len(rows), width), dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.bool)
+    for i, r in enumerate(rows):
+        n = len(r)
+        ids[i, :n] = torch.tensor(r.input_ids)
+        attn[i, :n] = 1
+        mask[i, :n] = torch.tensor(r.loss_mask)
+    return {"input_ids": ids, "attention_mask": attn, "loss_mask": mask}
+
+
+def action_nll(model: Any, b: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Summed negative log-likelihood of the loss-masked tokens, their count of correct argmax predictions,
+    and how many there are (token t is predicted from tokens < t)."""
+    out = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"])
+    logits = out.logits[:, :-1].float()
+    target = b["input_ids"][:, 1:]
+    mask = b["loss_mask"][:, 1:]
+    nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), target, reduction="none")
+    correct = ((logits.argmax(-1) == target) & mask).sum()
+    return (nll * mask).sum(), correct, int(mask.sum())
+
+
+class SFTRun:
+    """The SFT loop of one rank; ``run()`` trains to the end and returns the final metrics."""
+
+    def __init__(self, cfg: Config, run_dir: Path, examples: list[Example], state: dict[str, Any] | None) -> None:
+        from trainer.models import load_actor, load_tokenizer
+
+        s = cfg.sft
+        self.cfg, self.run_dir, self.examples = cfg, run_dir, examples
+        world = dist_utils.world_size()
+        if s.batch_size % world:
+            raise ConfigError(f"sft.batch_size ({s.batch_size}) must be a multiple of the number of ranks ({world})")
+        self.rank0 = dist_utils.rank() == 0
+        self.tokenizer = load_tokenizer(cfg)
+        self.pad_id = int(self.tokenizer.pad_token_id)
+        self.micro = cfg.deepspeed.micro_batch_size
+        self.shard = s.batch_size // world
+        self.grad_accum = math.ceil(self.shard / self.micro)
+        torch.manual_seed(cfg.run.seed)
+        actor = load_actor(cfg)
+        self.engine = make_engine(actor, cfg, self.grad_accum, s.lr, s.weight_decay, s.warmup_steps)
+        self.lengths = [len(e) for e in examples]
+        per_epoch = math.ceil(len(examples) / s.batch_size)
+        self.total_steps = s.steps if s.steps > 0 else per_epoch * s.epochs
+        self.step = 0
+        if state is not None:
+            self.engine.load_checkpoint(state["_dir"], tag="actor")
+            self.step = int(state["step"])
+
+    def schedule(self) -> list[list[int]]:
+        """Every step's batch (indices into the examples), the same on every rank and on resume."""
+        out: list[list[int]] = []
+        epoch = 0
+        while len(out) < self.total_steps:
+            out += bucketed_batches(self.lengths, self.cfg.sft.batch_size, seed=self.cfg.run.seed * 1000 + epoch)
+            epoch += 1
+        return out[: self.total_steps]
+
+    def train_step(self, batch: list[int]) -> dict[str, float]:
+        rank, world = dist_utils.rank(), dist_utils.world_size()
+        mine = batch[rank::world]
+        rows = [self.examples[i] for i in mine]
+        micro = [rows[i : i + self.micro] for i in range(0, len(rows), self.micro)]
+        n_total = max(1.0, dist_utils.all_reduce_sum([float(sum(sum(r.loss_mask[1:]) for r in rows))])[0])
+        scale = self.grad_accum * world / n_total  # DeepSpeed averages over accumulation steps and ranks
+        nll_sum = correct = 0.0
+        dev = dist_utils.device()
+        for mb in micro:
+            b = {k: v.to(dev) for k, v in _micro_tensors(mb, self.pad_id).items()}
+            nll, corr, _ = action_nll(self.engine, b)
+            self.engine.backward(nll * scale)
+            self.engine.step()  # the optimizer steps at the accumulation boundary
+            nll_sum += float(nll.detach())
+            correct += float(corr)
+        nll_all, correct_all = dist_utils.all_reduce_sum([nll_sum, correct])
+        gn = self.engine.get_global_grad_norm()
+        return {
+            "sft_loss": nll_all / n_total,
+            "sft_token_accuracy": correct_all / n_total,
+            "sft_action_tokens": n_total,
+            "actor_grad_norm": float(gn) if gn is not None else float("nan"),
+            "lr": float(self.engine.get_lr()[0]) if hasattr(self.engine, "get_lr") else float("nan"),
+        }
+
+    def save(self) -> None:
+        """Collective: a resumable checkpoint (model + optimizer); the state file last marks it complete."""
+        name = f"step_{self.step:06d}"
+        ckpt = self.run_dir / "checkpoints" / name
+        self.engine.save_checkpoint(str(ckpt), tag="actor")
+        if not self.rank0:
+            return
+        tmp = ckpt / (STATE_FILE + ".tmp")
+        tmp.write_text(json.dumps({"step": self.step}))
+        os.replace(tmp, ckpt / STATE_FILE)
+        marker = self.run_dir / "checkpoints" / "latest"
+        marker.with_suffix(".tmp").write_text(name)
+        os.replace(marker.with_suffix(".tmp"), marker)
+        done = sorted(p for p in (self.run_dir / "checkpoints").glob("step_*") if (p / STATE_FILE).exists())
+        for old in done[: -self.cfg.run.keep_checkpoints]:
+            shutil.rmtree(old, ignore_errors=True)
+
+    def export(self, out: Path) -> None:
+        """Collective: the trained actor as a HF model dir (with the tokenizer) on rank 0."""
+        module = self.engine.module
+        if self.cfg.deepspeed.zero_stage == 3:
+            import deepspeed
+
+            with deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=None):
+                sd = {k: v.detach().cpu().clone() for k, v in module.state_dict().items()} if self.rank0 else None
+        else:
+            sd = {k: v.detach().cpu().clone() for k, v in module.state_dict().items()} if self.rank0 else None
+        if sd is not None:
+            self.engine.module.save_pretrained(out, state_dict=sd, safe_serialization=True)
+            self.tokenizer.save_pretrained(out)
+
+    def run(self) -> dict[str, float]:
+        metrics = (
+            MetricsWriter(self.run_dir, self.cfg.run.tensorboard, self.cfg.run.wandb_project) if self.rank0 else None
+        )
+        if metrics is not None and self.step:
+            metrics.truncate_after(self.step)
+        batches = self.schedule()
+        pad = padding_fraction(batches, self.lengths, self.micro)
+        progress = _Progress(self.total_steps, self.step, self.cfg.run.progress and self.rank0)
+        last: dict[str, float] = {}
+        t_run = time.perf_counter()
+        try:
+            while self.step < self.total_steps:
+                t0 = time.perf_counter()
+                last = self.train_step(batches[self.step])
+                self.step += 1
+                last.update(step_s=time.perf_counter() - t0, padding_frac=pad)
+                if metrics is not None:
+                    metrics.write(self.step, last)
+                progress.update(self.step, last)
+                if self.step % self.cfg.run.save_every == 0 or self.step == self.total_steps:
+                    self.save()
+        finally:
+            progress.close()
+            if metrics is not None:
+                metrics.close()
+        self.export(self.run_dir / "final" / "actor")
+        if self.rank0 and self.cfg.run.plot:
+            plot_run(self.run_dir)
+        last["wall_s"] = time.perf_counter() - t_run
+        return last
+
+
+class _Progress:
+    """A live line: step, loss, token accuracy, seconds per step."""
+
+    def __init__(self, total: int, done: int, enabled: bool) -> None:
+        self._p: Any = None
+        if enabled:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self._p = Progress(
+                TextColumn("[bold]sao sft"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                TextColumn("{task.description}"),
+            )  # fmt: skip
+            self._p.start()
+            self._task = self._p.add_task("first step", total=total, completed=done)
+
+    def update(self, step: int, m: dict[str, float]) -> None:
+        if self._p is not None:
+            desc = f"loss {m['sft_loss']:.3f}  token acc {m['sft_token_accuracy']:.2f}  {m['step_s']:.1f}s/step"
+            self._p.update(self._task, completed=step, description=desc)
+
+    def close(self) -> None:
+        if self._p is not None:
+            self._p.stop()
+
+
+def _latest_state(run_dir: Path) -> dict[str, Any] | None:
+    marker = run_dir / "checkpoints" / "latest"
+    if not marker.exists():
+        return None
+    ckpt = run_dir / "checkpoints" / marker.read_text().strip()
+    if not (ckpt / STATE_FILE).exists():
+        return None
+    state: dict[str, Any] = json.loads((ckpt / STATE_FILE).read_text())
+    state["_dir"] = str(ckpt)
+    return state
+
+
+def run_sft(cfg: Config, run_dir: Path, resume: bool = False) -> dict[str, float]:
+    """SFT with ``cfg`` into ``run_dir`` (a new dir, or the same run's dir when ``resume``)."""
+    if not cfg.sft.data:
+        raise ConfigError("sft.data is empty; give files of conversations or trajectories (sft.data=[a.jsonl])")
+    dist_utils.init_distributed()
+    state = _latest_state(run_dir) if resume else None
+    from trainer.models import load_tokenizer
+
+    examples, stats = load_examples(
+        list(cfg.sft.data), load_tokenizer(cfg), min_reward=cfg.sft.min_reward, max_len=cfg.sft.max_len
+    )
+    if dist_utils.rank() == 0:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        save_config(cfg, run_dir / "config.yaml")
+        print(
+            f"sao sft: {stats.kept} examples from {stats.records} records ({stats.below_min_reward} below "
+            f"min_reward, {stats.infra_errors} infra errors, {stats.too_long} too long)",
+            flush=True,
+        )
+    out = SFTRun(cfg, run_dir, examples, state).run()
+    dist_utils.barrier()
+    return out
+
+
+def sft(
+    config_path: str | None, overrides: list[str] | None = None, resume: str | None = None
+) -> tuple[Path, dict[str, float]]:
+    """`sao sft`: validate, then fine-tune. With ``resume`` the run's saved config is the base."""
+    if config_path is None and resume is None:
+        raise ConfigError("give a config file (sao sft configs/quickstart.yaml sft.data=[...]) or --resume RUN_DIR")
+    if resume is not None:
+        saved = Path(resume) / "config.yaml"
+        if not saved.exists():
+            raise ConfigError(f"--resume {resume!r}: no config.yaml there; pass a RUN_DIR written by `sao sft`")
+        cfg = load_config(config_path or saved, overrides)
+        diff = [k for k in config_diff(load_config(saved), cfg) if not k.startswith("sft.steps")]
+        if diff and config_path is not None:
+            raise ConfigError(f"--resume {resume!r}: the config differs from the run's saved config in {diff}")
+        cfg.run.dir = resume
+        run_dir = Path(resume)
+    else:
+        cfg = load_config(config_path, overrides)  # type: ignore[arg-type]
+        run_dir = Path(cfg.run.dir)
+        if (run_dir / "config.yaml").exists():
+            raise ConfigError(
+                f"run.dir {str(run_dir)!r} already holds a run; continue it with `sao sft --resume {run_dir}` or "
+                "set run.dir to a new directory"
+            )
+    return run_dir, run_sft(cfg, run_dir, resume is not None)

@@ -1,0 +1,341 @@
+"""A staged run under `sao train`: ``stages: [collect, sft, eval, train, eval]`` in the config.
+
+Each stage writes its own folder ``RUN_DIR/NN_stage`` and a ``done.json`` there when it finishes; re-running
+with ``--resume RUN_DIR`` skips finished stages (an unfinished ``train`` stage resumes from its checkpoint). The
+model flows from stage to stage: ``sft`` and ``train`` start from the current model and replace it with their
+``final/actor``.
+
+* ``collect``: ``collect.n`` episodes of ``collect.model`` (``solver``: ``agent.engines.solver``) on the training
+  tasks, through the one episode runner, in the env's sandboxes -> ``trajectories.jsonl``;
+* ``sft``: ``trainer.sft`` on ``sft.data`` or else the collected trajectories (``sft.min_reward``, default 1.0
+  for collected ones: only solved episodes);
+* ``eval``: the current model on ``eval.n`` held-out tasks (success, valid tool-call rate, mean turns);
+* ``train``: SAO (``trainer.run``) from the current model.
+
+At the end: a before/after table of every eval (printed, ``summary.md``, ``summary.json``) and
+``plots/stages.png`` (the evals side by side and the RL success curve).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import gc
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from agent.records import Trajectory
+from trainer import distributed as dist_utils
+from trainer.config import Config, ConfigError, load_config, save_config
+
+DONE = "done.json"
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _env_factory(cfg: Config) -> Any:
+    def make() -> Any:
+        import gymnasium
+
+        import envs  # noqa: F401 - registers the sao/ envs
+
+        return gymnasium.make(cfg.env.id, **cfg.env.kwargs).unwrapped
+
+    return make
+
+
+def _agent_cfg(cfg: Config, temperature: float) -> Any:
+    from agent.loop import AgentConfig
+
+    r = cfg.rollout
+    return AgentConfig(
+        max_context_tokens=r.max_context_tokens,
+        max_action_tokens=r.max_tokens,
+        max_turns=r.max_turns,
+        temperature=temperature,
+    )
+
+
+def training_tasks(cfg: Config) -> list[dict[str, Any]]:
+    from trainer.run import _load_tasks
+
+    tasks = _load_tasks(cfg)
+    if tasks is None:
+        raise ConfigError("a staged run needs env.tasks (e.g. arithmetic): collect and eval draw from it")
+    return tasks
+
+
+def held_out_tasks(cfg: Config) -> list[dict[str, Any]]:
+    """``eval.n`` arithmetic tasks from another seed, none of whose problems is a training task."""
+    from envs.datasets import arithmetic_tasks
+
+    seen = {str(t.get("problem", t.get("prompt"))) for t in training_tasks(cfg)}
+    pool = arithmetic_tasks(cfg.eval.n * 2 + 16, seed=cfg.eval.seed + cfg.run.seed)
+    out = [t for t in pool if t["problem"] not in seen][: cfg.eval.n]
+    if len(out) < cfg.eval.n:
+        raise ConfigError("eval: too few held-out tasks differ from the training tasks; change eval.seed")
+    return out
+
+
+async def _rollouts(
+    cfg: Config, engine: Any, tokenizer: Any, tasks: list[Any], out: Path, conc: int, temp: float
+) -> list[Trajectory]:
+    from agent.rollout import EpisodeRunner, RunnerConfig, TokenPlayer, episodes_of
+
+    player = TokenPlayer(engine, tokenizer, _agent_cfg(cfg, temp))
+    runner = EpisodeRunner(_env_factory(cfg), player, RunnerConfig(conc, cfg.run.progress), out_path=out)
+    got: list[Trajectory] = []
+    try:
+        await runner.run(episodes_of(tasks, seed=cfg.run.seed), on_trajectory=got.append)
+    finally:
+        await engine.close()
+    return got
+
+
+def collect_stage(cfg: Config, model_dir: str, out: Path) -> dict[str, Any]:
+    from trainer.models import load_tokenizer
+
+    c = cfg.collect
+    if c.model != "solver":
+        raise ConfigError(f"collect.model: {c.model!r} is not supported in a staged run; use 'solver'")
+    from agent.engines.solver import SolverEngine
+
+    tok = load_tokenizer(cfg)
+    tasks = training_tasks(cfg)[: c.n]
+    t0 = time.perf_counter()
+    trajs = asyncio.run(_rollouts(cfg, SolverEngine(tok), tok, tasks, out / "trajectories.jsonl", c.concurrency, 0.0))
+    solved = sum(bool(t.info.get("solved")) for t in trajs)
+    return {
+        "episodes": len(trajs),
+        "solved": solved,
+        "infra_errors": sum(t.status == "infra_error" for t in trajs),
+        "wall_s": time.perf_counter() - t0,
+    }
+
+
+def episode_scores(trajs: list[Trajectory], tokenizer: Any) -> dict[str, Any]:
+    """Success rate, valid tool-call rate (episodes with at least one action that parses as a call of one of
+    the env's tools), mean turns, over the episodes that were not infra errors."""
+    from envs.protocols import FormatError
+    from envs.python_tool import PythonToolEnv
+    from envs.tools.parsing import parse_action
+
+    ok = [t for t in trajs if t.status != "infra_error"]
+    valid = 0
+    for t in ok:
+        names = {s["function"]["name"] for s in t.info.get("tools") or []}
+        for seg in t.action_segments:
+            try:
+                call = parse_action(
+                    tokenizer.decode(list(seg.token_ids), skip_special_tokens=True), PythonToolEnv.fenced
+                )
+            except FormatError:
+                continue
+            if call.name in names:
+                valid += 1
+                break
+    n = max(len(ok), 1)
+    return {
+        "episodes": len(ok),
+        "infra_errors": len(trajs) - len(ok),
+        "success": sum(bool(t.info.get("solved")) for t in ok) / n,
+        "valid_tool_call_rate": valid / n,
+        "mean_turns": sum(int(t.info.get("turns", 0)) for t in ok) / n,
+    }
+
+
+def eval_stage(cfg: Config, model_dir: str, out: Path) -> dict[str, Any]:
+    from agent.engines.hf_engine import HFEngine
+    from trainer.models import load_actor, load_tokenizer
+
+    tok = load_tokenizer(cfg)
+    model = load_actor(cfg)
+    engine = HFEngine(model, tokenizer=tok, seed=cfg.run.seed)
+    t0 = time.perf_counter()
+    trajs = asyncio.run(
+        _rollouts(cfg, engine, tok, held_out_tasks(cfg), out / "trajectories.jsonl", cfg.eval.concurrency,
+                  cfg.eval.temperature)
+    )  # fmt: skip
+    scores = episode_scores(trajs, tok)
+    scores["model"], scores["wall_s"] = model_dir, time.perf_counter() - t0
+    return scores
+
+
+def sft_stage(cfg: Config, model_dir: str, out: Path, collected: Path | None) -> dict[str, Any]:
+    from trainer.sft import run_sft
+
+    c = copy.deepcopy(cfg)
+    if not c.sft.data:
+        if collected is None:
+            raise ConfigError("the sft stage has no data: set sft.data or put a collect stage before it")
+        c.sft.data = [str(collected)]
+        if c.sft.min_reward is None:
+            c.sft.min_reward = 1.0
+    c.run.dir = str(out)
+    last = run_sft(c, out, resume=(out / "checkpoints" / "latest").exists())
+    return {"final_loss": last.get("sft_loss"), "token_accuracy": last.get("sft_token_accuracy"),
+            "wall_s": last.get("wall_s"), "model": str(out / "final" / "actor")}  # fmt: skip
+
+
+def train_stage(cfg: Config, model_dir: str, out: Path) -> dict[str, Any]:
+    """SAO from the current model through `sao train`'s own entry point (an unfinished stage resumes)."""
+    import shutil
+
+    from trainer.metrics import read_metrics
+    from trainer.run import latest_checkpoint, train
+
+    c = copy.deepcopy(cfg)
+    c.stages = []
+    c.run.dir = str(out)
+    t0 = time.perf_counter()
+    if (out / "config.yaml").exists() and latest_checkpoint(out) is not None:
+        train(None, [], resume=str(out))
+    else:
+        if dist_utils.rank() == 0:
+            shutil.rmtree(out, ignore_errors=True)  # a stage that died before its first checkpoint starts over
+            out.mkdir(parents=True)
+            save_config(c, out.parent / f"{out.name}.yaml")
+        dist_utils.barrier()
+        train(str(out.parent / f"{out.name}.yaml"), [])
+    rows = read_metrics(out) if dist_utils.rank() == 0 else [{}]
+    return {"steps": len(rows), "last_success_rate": rows[-1].get("success_rate"),
+            "wall_s": time.perf_counter() - t0, "model": str(out / "final" / "actor")}  # fmt: skip
+
+
+def _with_model(cfg: Config, model_dir: str) -> Config:
+    c = copy.deepcopy(cfg)
+    c.model.path = model_dir
+    return c
+
+
+def run_stages(cfg: Config, resume: str | None) -> Path:
+    """Run ``cfg.stages`` in order in ``run.dir`` (see the module doc); returns the run dir."""
+    run_dir = Path(resume) if resume else Path(cfg.run.dir)
+    if resume is None and (run_dir / "config.yaml").exists():
+        raise ConfigError(
+            f"run.dir {str(run_dir)!r} already holds a run; continue it with `sao train --resume {run_dir}` "
+            "or set run.dir to a new directory"
+        )
+    if resume is not None:
+        if not (run_dir / "config.yaml").exists():
+            raise ConfigError(f"--resume {resume!r}: no config.yaml there; pass a RUN_DIR written by `sao train`")
+        cfg = load_config(run_dir / "config.yaml")
+    dist_utils.init_distributed()
+    rank0 = dist_utils.rank() == 0
+    if rank0:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        save_config(cfg, run_dir / "config.yaml")
+    t_run = time.perf_counter()
+    model = cfg.model.path
+    collected: Path | None = None
+    results: list[dict[str, Any]] = []
+    label = "base"
+    for i, stage in enumerate(cfg.stages):
+        out = run_dir / f"{i:02d}_{stage}"
+        done = out / DONE
+        if done.exists():
+            res = json.loads(done.read_text())
+        else:
+            out.mkdir(parents=True, exist_ok=True)
+            if rank0:
+                print(f"== stage {i + 1}/{len(cfg.stages)}: {stage} ({out})", flush=True)
+            c = _with_model(cfg, model)
+            res = {}
+            if stage in ("collect", "eval"):
+                if rank0:
+                    res = collect_stage(c, model, out) if stage == "collect" else eval_stage(c, model, out)
+            elif stage == "sft":
+                res = sft_stage(c, model, out, collected)
+            else:
+                res = train_stage(c, model, out)
+            res["stage"] = stage
+            if rank0:
+                _write_json(done, res)
+            dist_utils.barrier()
+            gc.collect()
+        if stage == "collect":
+            collected = out / "trajectories.jsonl"
+        elif stage in ("sft", "train"):
+            model = str(res["model"])
+            label = "after SFT" if stage == "sft" else "after RL"
+        else:
+            res.setdefault("label", label)
+            results.append({**res, "label": res.get("label", label)})
+        if rank0 and stage != "eval":
+            print(f"   {stage}: " + ", ".join(f"{k} {_fmt(v)}" for k, v in res.items() if k != "stage"), flush=True)
+    if rank0:
+        _report(run_dir, cfg, results, time.perf_counter() - t_run)
+    return run_dir
+
+
+def _fmt(v: Any) -> str:
+    return f"{v:.3f}" if isinstance(v, float) else str(v)
+
+
+def score_table(results: list[dict[str, Any]]) -> str:
+    """The evals as a Markdown table (success with its binomial standard error)."""
+    lines = [
+        "| model | held-out episodes | success | valid tool-call rate | mean turns |",
+        "|---|---|---|---|---|",
+    ]
+    for r in results:
+        n, p = max(int(r["episodes"]), 1), float(r["success"])
+        se = (p * (1 - p) / n) ** 0.5
+        lines.append(
+            f"| {r['label']} | {r['episodes']} | {p:.3f} ± {se:.3f} | {r['valid_tool_call_rate']:.3f} | "
+            f"{r['mean_turns']:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def _report(run_dir: Path, cfg: Config, results: list[dict[str, Any]], wall_s: float) -> None:
+    table = score_table(results) if results else "(no eval stage)"
+    text = f"# {run_dir.name}: stages {cfg.stages}\n\n{table}\n\nwall time {wall_s / 60:.1f} min\n"
+    (run_dir / "summary.md").write_text(text)
+    _write_json(run_dir / "summary.json", {"evals": results, "wall_s": wall_s, "stages": cfg.stages})
+    print("\n" + table + f"\n\nstaged run finished in {wall_s / 60:.1f} min: {run_dir}/summary.md", flush=True)
+    if cfg.run.plot and results:
+        plot_stages(run_dir, results)
+
+
+def plot_stages(run_dir: Path, results: list[dict[str, Any]]) -> Path:
+    """``plots/stages.png``: each eval's success / valid tool-call rate, and the RL run's success per step."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from trainer.metrics import read_metrics
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    keys = [("success", "success"), ("valid_tool_call_rate", "valid tool call")]
+    width = 0.8 / len(keys)
+    for k, (key, name) in enumerate(keys):
+        xs = [i + k * width for i in range(len(results))]
+        axes[0].bar(xs, [r[key] for r in results], width, label=name)
+    axes[0].set_xticks([i + width / 2 for i in range(len(results))], [r["label"] for r in results])
+    axes[0].set_ylim(0, 1)
+    axes[0].set_title("held-out evaluation")
+    axes[0].legend(fontsize=8)
+    rl = sorted(run_dir.glob("*_train"))
+    if rl and (rl[-1] / "metrics.jsonl").exists():
+        rows = read_metrics(rl[-1])
+        axes[1].plot([r["step"] for r in rows], [r.get("success_rate", 0) for r in rows], marker=".")
+    axes[1].set_title("RL: success of the trained batches")
+    axes[1].set_xlabel("policy step")
+    fig.tight_layout()
+    out = run_dir / "plots" / "stages.png"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=90)
+    plt.close(fig)
+    return out
