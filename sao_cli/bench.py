@@ -56,6 +56,34 @@ def algos(
     )
 
 
+@app.command("memory")
+def memory(
+    out: str = typer.Option("runs/bench/memory", help="folder for memory.json and memory.png"),
+    model: str = typer.Option("smollm2", help="model dir, smollm2 (the converted SmolLM2-135M) or tiny:llama"),
+    seq_len: int = typer.Option(8192, help="tokens T of the one sequence"),
+    batch: int = typer.Option(1, help="rows B"),
+    chunk_tokens: int = typer.Option(1024, help="rows projected at a time by the chunked variant"),
+    layers: int = typer.Option(0, help="keep only the first N decoder layers (0 = all)"),
+    dtype: str = typer.Option("float32", help="float32 or bfloat16"),
+    variants: str = typer.Option("naive,chunked,backbone", help="comma-separated: naive, chunked, backbone"),
+    checkpointing: bool = typer.Option(True, help="gradient checkpointing of the decoder layers"),
+    threads: int = typer.Option(0, help="torch threads (0: torch's default)"),
+) -> None:
+    """Peak memory of one actor step (forward + backward of the policy loss): full-vocabulary vs chunked logprobs."""
+    from pathlib import Path
+
+    from benchmarks.bench_memory import MemoryBenchConfig, run
+
+    cfg = MemoryBenchConfig(
+        out=Path(out), model=model, seq_len=seq_len, batch=batch, chunk_tokens=chunk_tokens, layers=layers,
+        dtype=dtype, gradient_checkpointing=checkpointing, variants=_csv(variants), threads=threads,
+    )  # fmt: skip
+    try:
+        run(cfg, echo=typer.echo)
+    except (ValueError, FileNotFoundError) as e:
+        raise typer.BadParameter(str(e)) from e
+
+
 @app.command("engine")
 def engine(
     out: str = typer.Option("runs/bench/engine", help="folder for bench_engine.json and bench_engine.png"),
