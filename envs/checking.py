@@ -1,4 +1,4 @@
-"""``check_envs``: Gymnasium's ``check_env`` over registered ``sao/`` envs (what ``sao envs check`` runs)."""
+"""``check_envs``: Gymnasium's ``check_env`` over the registered envs, plugins' included (``sao envs check``)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 import gymnasium
 from gymnasium.utils.env_checker import check_env
 
-from envs.registration import list_envs
+from envs.registration import list_envs, load_plugin_envs, resolve_env_id
 
 #: envs the checker skips unless named explicitly, with the reason.
 NEEDS_SETUP = {"sao/SWE-v0": "needs an SWE task and Docker; name it with its kwargs to check it"}
@@ -24,7 +24,9 @@ class CheckResult:
 
 
 def check_envs(ids: list[str] | None = None, kwargs: dict[str, Any] | None = None) -> list[CheckResult]:
-    """Run ``check_env`` on ``ids`` (default: every registered ``sao/`` env); ``kwargs`` go to ``gymnasium.make``."""
+    """Run ``check_env`` on ``ids`` (default: every env ``list_envs`` shows; ``"module:sao/Name-v0"`` imports
+    ``module`` first); ``kwargs`` go to ``gymnasium.make``."""
+    load_plugin_envs()
     explicit = ids is not None
     targets = ids if ids is not None else [env_id for env_id, _ in list_envs()]
     out = []
@@ -35,7 +37,7 @@ def check_envs(ids: list[str] | None = None, kwargs: dict[str, Any] | None = Non
         t0 = time.monotonic()
         env = None
         try:
-            env = gymnasium.make(env_id, **(kwargs or {}))
+            env = gymnasium.make(resolve_env_id(env_id), **(kwargs or {}))
             check_env(env.unwrapped, skip_render_check=True)
             out.append(CheckResult(env_id, "ok", "passed gymnasium check_env", time.monotonic() - t0))
         except Exception as e:

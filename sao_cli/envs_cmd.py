@@ -2,28 +2,44 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import typer
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 app = typer.Typer(no_args_is_help=True)
 
 
+def _warn_plugin_errors(console: Console) -> None:
+    from envs.registration import PLUGIN_GROUP, plugin_errors
+
+    for err in plugin_errors():
+        console.print(f"[yellow]warning[/yellow]: a {PLUGIN_GROUP} entry point failed to load: {err}")
+
+
 @app.command("list")
 def list_cmd() -> None:
-    """Print the registered environment ids and what each one is."""
+    """Print the registered environment ids (built-in and from installed packages' `sao.envs` entry points)."""
     from rich.console import Console
     from rich.table import Table
 
-    from envs import list_envs
+    from envs.registration import env_origin, list_envs
 
-    table = Table("id", "description")
+    table = Table("id", "from", "description")
     for env_id, desc in list_envs():
-        table.add_row(env_id, desc)
-    Console().print(table)
+        table.add_row(env_id, env_origin(env_id), desc)
+    console = Console()
+    console.print(table)
+    _warn_plugin_errors(console)
 
 
 @app.command("check")
 def check_cmd(
-    ids: list[str] = typer.Argument(None, help="Env ids to check (default: every registered sao/ env)."),
+    ids: list[str] = typer.Argument(
+        None, help="Env ids to check, or module:sao/Name-v0 (default: every env `sao envs list` shows)."
+    ),
 ) -> None:
     """Run gymnasium's check_env on the registered environments; exit 1 if any fails."""
     from rich.console import Console
@@ -35,5 +51,6 @@ def check_cmd(
     for r in results:
         color = {"ok": "green", "failed": "red", "skipped": "yellow"}[r.status]
         console.print(f"[{color}]{r.status:8}[/{color}] {r.env_id}  ({r.seconds:.1f} s)  {r.message}")
+    _warn_plugin_errors(console)
     if any(r.status == "failed" for r in results):
         raise typer.Exit(1)

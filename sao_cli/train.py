@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import shutil
+from pathlib import Path
 from typing import Annotated
 
 import typer
+
+from saocore.console import third_party_to_log
 
 
 def _fail(e: Exception) -> None:
@@ -18,8 +24,15 @@ def train_cmd(
         list[str] | None, typer.Argument(help="dotted overrides: trainer.critic_updates_per_step=2 ...")
     ] = None,
     resume: Annotated[str | None, typer.Option("--resume", help="continue the run in this RUN_DIR")] = None,
+    verbose: Annotated[
+        bool, typer.Option("--verbose", help="show third-party output (bars, warnings) here, not only in the log")
+    ] = False,
 ) -> None:
-    """Train a policy with SAO (or a baseline) on live rollouts; writes RUN_DIR (metrics, plots, checkpoints)."""
+    """Train a policy with SAO (or a baseline) on live rollouts; writes RUN_DIR (metrics, plots, checkpoints).
+
+    The console shows SAO's own progress and messages; third-party progress bars and warnings go to
+    RUN_DIR/logs/third_party.log (--verbose shows them too)."""
+    from envs.registration import EnvSetupError
     from trainer.config import ConfigError
 
     items = list(overrides or [])
@@ -27,14 +40,40 @@ def train_cmd(
     if config is not None and "=" in config and not config.endswith((".yaml", ".yml")):
         items.insert(0, config)
         config = None
+    log: Path | None = None
     try:
-        from trainer.run import train
+        log = _third_party_log(config, items, resume)
+        fresh = log is not None and not log.parent.parent.exists()
+        with contextlib.nullcontext() if verbose or log is None else third_party_to_log(log):
+            from trainer.run import train
 
-        run_dir = train(config, items, resume)
-    except ConfigError as e:
+            run_dir = train(config, items, resume)
+    except (ConfigError, EnvSetupError) as e:
+        if log is not None and fresh and log.exists() and log.stat().st_size == 0:
+            shutil.rmtree(log.parent.parent, ignore_errors=True)  # refused before any work: leave no run dir
         _fail(e)
         return
+    except BaseException:
+        if log is not None and not verbose:
+            typer.echo(f"(third-party output and warnings of this run: {log})", err=True)
+        raise
     typer.echo(f"run finished: {run_dir}")
+    if log is not None and not verbose:
+        typer.echo(f"third-party output and warnings: {log}", err=True)
+
+
+def _third_party_log(config: str | None, items: list[str], resume: str | None) -> Path | None:
+    """RUN_DIR/logs/third_party.log (third_party.rankN.log on other ranks); None without a config (an error)."""
+    if resume is not None:
+        run_dir = Path(resume)
+    elif config is not None:
+        from trainer.config import load_config
+
+        run_dir = Path(load_config(config, items).run.dir)
+    else:
+        return None
+    rank = int(os.environ.get("RANK", "0") or 0)
+    return run_dir / "logs" / ("third_party.log" if rank == 0 else f"third_party.rank{rank}.log")
 
 
 def pretrain_value_cmd(

@@ -22,12 +22,14 @@ import numpy as np
 import torch
 
 from agent.records import Trajectory
+from envs.registration import preflight
 from trainer import distributed as dist_utils
 from trainer.config import Config, ConfigError, config_diff, load_config, save_config
 from trainer.learner import Learner
 from trainer.ledger import Ledger, replay
 from trainer.metrics import MetricsWriter, plot_run
 from trainer.pipeline import Coordinator, Item, TaskSource
+from trainer.progress import TrainProgress
 
 STATE_FILE = "trainer_state.json"
 
@@ -333,7 +335,7 @@ class Trainer:
         if coord.synchronous:
             coord.allow_next_batch(max(0, t.batch_size - len(coord.buffer)))
         coord.start()
-        progress = _Progress(cfg.run.total_steps, self.step, enabled=cfg.run.progress)
+        progress = TrainProgress(cfg.run.total_steps, self.step, enabled=cfg.run.progress)
         t_run = time.perf_counter()
         gen0 = coord.counters.generated
         last: dict[str, Any] = {}
@@ -428,39 +430,6 @@ def _json_default(o: Any) -> Any:
     return str(o)
 
 
-class _Progress:
-    """A live one-line progress display (rich) with step, reward, success and speed."""
-
-    def __init__(self, total: int, done: int, enabled: bool) -> None:
-        self._p: Any = None
-        if not enabled:
-            return
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-        self._p = Progress(
-            TextColumn("[bold]sao train"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            TextColumn("{task.description}"),
-            transient=False,
-        )
-        self._p.start()
-        self._task = self._p.add_task("waiting for the first batch", total=total, completed=done)
-
-    def update(self, step: int, m: dict[str, Any]) -> None:
-        if self._p is None:
-            return
-        desc = (
-            f"reward {m['reward_mean']:.3f}  success {m['success_rate']:.2f}  "
-            f"lag {m['policy_lag_mean']:.1f}  idle {m['trainer_idle_frac']:.2f}  {m['step_s']:.1f}s/step"
-        )
-        self._p.update(self._task, completed=step, description=desc)
-
-    def close(self) -> None:
-        if self._p is not None:
-            self._p.stop()
-
 
 def train(config_path: str | None, overrides: list[str] | None = None, resume: str | None = None) -> Path:
     """Validate, then train. ``config_path`` may be None with ``resume`` (the run's saved config is used)."""
@@ -476,6 +445,7 @@ def train(config_path: str | None, overrides: list[str] | None = None, resume: s
     cfg, run_dir, state = prepare_run_dir(cfg, resume)
     if resume is not None and state is None:
         raise ConfigError(f"--resume {resume!r}: no complete checkpoint in {run_dir}/checkpoints; start a new run")
+    preflight(cfg.env.id, cfg.env.kwargs)  # a bad env id or kwargs fail here, before models and episodes
     dist_utils.init_distributed()
     trainer = Trainer(cfg, run_dir, state)
     if trainer.rank0:
