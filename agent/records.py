@@ -135,23 +135,21 @@ class Trajectory:
 
 
 def write_jsonl(path: str | Path, trajectories: Iterable[Trajectory], append: bool = True) -> None:
-    """Append trajectories to a JSONL file, flushed and fsynced so a crash loses nothing already written."""
-    import os
+    """Append trajectories to a JSONL file (``append=False``: replace it), flushed and fsynced so a crash loses
+    nothing already written."""
+    from saocore.jsonl import append_jsonl
 
-    with open(path, "a" if append else "w", encoding="utf-8") as f:
-        for t in trajectories:
-            f.write(t.to_json() + "\n")
-        f.flush()
-        os.fsync(f.fileno())
+    if not append:
+        Path(path).write_text("", encoding="utf-8")
+    append_jsonl(path, (t.to_dict() for t in trajectories))
 
 
 def read_jsonl(path: str | Path) -> Iterator[Trajectory]:
     """Read trajectories from JSONL; a malformed line raises a ValueError naming the file and line number."""
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                yield Trajectory.from_json(line)
-            except (KeyError, ValueError, TypeError) as e:
-                raise ValueError(f"{path}:{n}: not a Trajectory record ({e}); was it written by SAO?") from e
+    from saocore.jsonl import iter_jsonl
+
+    for n, rec in iter_jsonl(path, fix="was it written by SAO?"):
+        try:
+            yield Trajectory.from_dict(rec)
+        except (KeyError, ValueError, TypeError, AttributeError) as e:
+            raise ValueError(f"{path}:{n}: not a Trajectory record ({e}); was it written by SAO?") from e

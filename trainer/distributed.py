@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -84,3 +86,27 @@ def barrier() -> None:
 
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.barrier()
+
+
+@contextmanager
+def full_parameters(module: torch.nn.Module, zero_stage: int) -> Iterator[None]:
+    """Collective under ZeRO-3: inside the block every rank holds ``module``'s full parameters (read-only);
+    a plain block for stages 0-2, where every rank already holds them. The one ZeRO-3 gather of the trainer."""
+    if zero_stage != 3:
+        yield
+        return
+    import deepspeed
+
+    with deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=None):
+        yield
+
+
+def full_state_dict(
+    module: torch.nn.Module, zero_stage: int, all_ranks: bool = False
+) -> dict[str, torch.Tensor] | None:
+    """Collective: ``module``'s full state dict as CPU copies on rank 0 (on every rank with ``all_ranks``), None
+    elsewhere. Every rank must call it (ZeRO-3 gathers the shards)."""
+    with full_parameters(module, zero_stage):
+        if not all_ranks and rank() != 0:
+            return None
+        return {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}

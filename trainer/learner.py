@@ -1,8 +1,21 @@
-"""The learner: DeepSpeed actor + critic and one training step (values -> GAE -> policy step -> K critic steps)."""
+"""The learner: DeepSpeed actor + critic and one training step (advantages -> policy step(s) -> K critic steps).
+
+What the step does is read from the algorithm's spec (``cfg.algorithm``): which advantage estimator and policy loss,
+whether a critic trains, whether an old-policy recompute precedes the policy step. The DeepSpeed helpers at the top
+(``ds_config``, ``make_engine``, ``grad_accum_steps``, ``shard_batch``, ``critic_step``) are shared with value
+pretraining and SFT.
+
+Bad numbers never crash a step: a trajectory with a non-finite reward is masked out, a token with a non-finite
+rollout (or recomputed) logprob is masked out of the policy loss, a batch with non-finite critic values is not
+trained on, and a non-finite gradient makes the optimizer skip that step (no update, not even Adam's moments).
+Each is counted in the step's metrics (``nonfinite_*``, ``masked_nonfinite_tokens``, ``skipped_steps``).
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -13,19 +26,18 @@ from agent.records import Trajectory
 from trainer import distributed as dist_utils
 from trainer.algos.advantages import RunningMeanBaseline, whiten, whiten_stats
 from trainer.algos.losses import value_loss
-from trainer.algos.registry import AdvantageInputs, PolicyLossInputs, get_advantage, get_policy_loss
-from trainer.batching import TrainBatch, collate
+from trainer.algos.registry import (
+    AdvantageInputs,
+    PolicyLossInputs,
+    advantage_traits,
+    get_advantage,
+    get_policy_loss,
+)
+from trainer.batch import Batch, collate
 from trainer.config import Config, ConfigError
 from trainer.models import shifted_values
 
-# algorithm -> (advantage estimator, policy loss) in the core-math registries.
-ALGO_TABLE = {
-    "sao": ("skip_obs_gae", "dis"),
-    "ppo": ("skip_obs_gae", "decoupled_ppo"),
-    "grpo": ("grpo", "ppo_clip"),
-    "grpo_dis": ("grpo", "dis"),
-    "running_mean": ("running_mean", "dis"),
-}
+# -- DeepSpeed helpers shared by the learner, value pretraining and SFT ------------------------------------------
 
 
 def ds_config(cfg: Config, grad_accum: int, lr: float, weight_decay: float, warmup_steps: int = 0) -> dict[str, Any]:
@@ -63,6 +75,23 @@ def ds_config(cfg: Config, grad_accum: int, lr: float, weight_decay: float, warm
     return out
 
 
+class FiniteAdamW(torch.optim.AdamW):
+    """AdamW that skips a step whose gradients hold NaN/inf (no update, moments untouched) and says so through
+    ``overflow``, the attribute DeepSpeed reads to count ``engine.skipped_steps``. DeepSpeed's ZeRO 1-3 and bf16
+    optimizers do this check themselves; this covers ZeRO 0 in fp32, where the engine steps a torch optimizer."""
+
+    overflow = False
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        grads = [p.grad for g in self.param_groups for p in g["params"] if p.grad is not None]
+        self.overflow = bool(grads) and not bool(torch.stack([torch.isfinite(x).all() for x in grads]).all())
+        if self.overflow:
+            self.zero_grad(set_to_none=True)
+            return None
+        return super().step(closure)
+
+
 def make_engine(
     model: nn.Module, cfg: Config, grad_accum: int, lr: float, weight_decay: float, warmup_steps: int = 0
 ) -> Any:
@@ -73,9 +102,39 @@ def make_engine(
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
         raise ConfigError("no trainable parameters; check critic.freeze_attention and the model")
-    opt = None if "optimizer" in conf else torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+    opt: torch.optim.Optimizer | None = None
+    if "optimizer" not in conf:
+        # ZeRO >= 1 and bf16 wrap the optimizer in DeepSpeed's own, which checks gradients itself and accepts
+        # only the torch class by exact type.
+        plain = cfg.deepspeed.zero_stage == 0 and not cfg.deepspeed.bf16
+        opt = (FiniteAdamW if plain else torch.optim.AdamW)(params, lr=lr, weight_decay=weight_decay)
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=params, optimizer=opt, config=conf)
     return engine
+
+
+def grad_accum_steps(batch_size: int, micro_batch_size: int) -> int:
+    """Micro batches per optimizer step on each rank for a global batch of ``batch_size`` rows."""
+    world = dist_utils.world_size()
+    if batch_size % world:
+        raise ConfigError(f"trainer.batch_size ({batch_size}) must be a multiple of the number of ranks ({world})")
+    return math.ceil(batch_size // world / micro_batch_size)
+
+
+def shard_batch(full: Batch, micro_batch_size: int) -> list[Batch]:
+    """This rank's rows of a global batch (rank, rank + world, ...), cut into micro batches on the device."""
+    rank, world = dist_utils.rank(), dist_utils.world_size()
+    mine = list(range(rank, full.shape[0], world))
+    chunks = [mine[i : i + micro_batch_size] for i in range(0, len(mine), micro_batch_size)]
+    dev = dist_utils.device()
+    return [full.rows(c).to(dev) for c in chunks]
+
+
+def token_scale(masks: list[torch.Tensor], grad_accum: int) -> tuple[float, float]:
+    """``(n_total, scale)``: the masked tokens over all ranks, and the factor that turns a micro batch's token-mean
+    loss times its token count into its share of one global token-mean (DeepSpeed averages over accumulation
+    steps and ranks, which the factor undoes)."""
+    n_total = max(dist_utils.all_reduce_sum([float(sum(float(m.sum()) for m in masks))])[0], 1.0)
+    return n_total, grad_accum * dist_utils.world_size() / n_total
 
 
 def _grad_norm(engine: Any) -> float:
@@ -86,26 +145,76 @@ def _grad_norm(engine: Any) -> float:
     return math.sqrt(total)
 
 
+def critic_step(
+    engine: Any,
+    micro: list[Batch],
+    masks: list[torch.Tensor],
+    returns: list[torch.Tensor],
+    old_values: list[torch.Tensor] | None,
+    clip: float | None,
+    scale: float,
+    seen: list[torch.Tensor] | None = None,
+) -> tuple[float, float, bool]:
+    """One critic optimizer step over the micro batches (value loss on ``masks``); returns ``(sum of token losses,
+    grad norm, skipped)``. ``old_values`` (the values before the K steps) anchor the value clip; None: no clip.
+    ``seen`` collects the (pre-step) values of each micro batch."""
+    total = 0.0
+    gn0: float | None = None
+    skipped0 = int(getattr(engine, "skipped_steps", 0))
+    for i, (b, mask, ret) in enumerate(zip(micro, masks, returns, strict=True)):
+        values = shifted_values(engine(b.input_ids, b.attention_mask, b.position_ids))
+        ok = mask & torch.isfinite(values.detach())
+        if seen is not None:
+            seen.append(values.detach())
+        old = old_values[i] if old_values is not None else values.detach()
+        loss, _ = value_loss(values, torch.where(ok, old, 0.0), ret, ok, clip if old_values is not None else None)
+        n_mb = float(ok.sum())
+        engine.backward(loss * n_mb * scale)
+        total += float(loss.detach()) * n_mb
+        if i == len(micro) - 1 and _plain_grads(engine):
+            gn0 = _grad_norm(engine)
+        engine.step()  # DeepSpeed steps the optimizer only at the accumulation boundary
+    gn = engine.get_global_grad_norm()
+    norm = float(gn) if gn is not None else float(gn0 or 0.0)
+    return total, norm, int(getattr(engine, "skipped_steps", 0)) > skipped0
+
+
+def _plain_grads(engine: Any) -> bool:
+    """Whether ``p.grad`` holds this rank's full gradient (ZeRO 0), so the norm can be read off the parameters."""
+    return int(engine.zero_optimization_stage()) == 0
+
+
+# -- the step ---------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Advantages:
+    """Per micro batch: actor advantages, critic returns and the values they came from (critic algorithms)."""
+
+    advantages: list[torch.Tensor]
+    returns: list[torch.Tensor]
+    old_values: list[torch.Tensor]
+    value_masks: list[torch.Tensor]
+
+
 class Learner:
     """Owns the actor/critic engines of this rank and trains on a global batch, of which it computes its shard."""
 
     def __init__(self, cfg: Config, actor: nn.Module, critic: nn.Module | None, pad_token_id: int) -> None:
         self.cfg = cfg
         t = cfg.trainer
-        world = dist_utils.world_size()
-        if t.batch_size % world:
-            raise ConfigError(
-                f"trainer.batch_size ({t.batch_size}) must be a multiple of the number of ranks ({world})"
-            )
-        self.shard = t.batch_size // world
-        self.grad_accum = math.ceil(self.shard / cfg.deepspeed.micro_batch_size)
-        self.adv_name, self.loss_name = ALGO_TABLE[t.algorithm]
-        self.adv_fn = get_advantage(self.adv_name)
-        self.loss_fn = get_policy_loss(self.loss_name)
+        self.spec = cfg.algorithm
+        if self.spec.critic and critic is None:
+            raise ConfigError(f"trainer.algorithm {self.spec.name!r} trains a critic: pass one to the Learner")
+        self.grad_accum = grad_accum_steps(t.batch_size, cfg.deepspeed.micro_batch_size)
+        self.adv_fn = get_advantage(cfg.advantage_estimator)
+        self.adv_traits = advantage_traits(cfg.advantage_estimator)
+        self.loss_fn = get_policy_loss(self.spec.policy_loss)
+        self.temperature = cfg.rollout.temperature
         self.actor = make_engine(actor, cfg, self.grad_accum, t.lr, t.weight_decay, t.warmup_steps)
         self.critic = (
             make_engine(critic, cfg, self.grad_accum, cfg.critic.lr, cfg.critic.weight_decay)
-            if critic is not None
+            if critic is not None and self.spec.critic
             else None
         )
         self.pad_token_id = pad_token_id
@@ -114,204 +223,226 @@ class Learner:
         self.device = dist_utils.device()
 
     # -- forward helpers -------------------------------------------------------------------------------------
-    def _to(self, b: TrainBatch) -> TrainBatch:
-        return TrainBatch(*(getattr(b, f).to(self.device) for f in TrainBatch.__dataclass_fields__))
-
-    def _logp(self, b: TrainBatch, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _logp(self, b: Batch, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Current-policy logprob of every token ``[B, T]`` (0 at t = 0) under the SAMPLED distribution (logits /
+        rollout temperature, restricted to ``allowed`` ids when sampling was), and optionally its entropy."""
         out = self.actor(input_ids=b.input_ids, attention_mask=b.attention_mask, position_ids=b.position_ids)
-        logits = out.logits[:, :-1].float()
-        target = b.input_ids[:, 1:]
-        if self.allowed is not None:
-            # Sampling was restricted to these ids: the policy is the softmax over their logits alone (the same
-            # distribution as masking the rest to -inf, without a full-vocabulary softmax). Targets outside the
-            # set are prompt/observation tokens, whose logprob is never used.
-            allowed = self.allowed.to(logits.device)
-            logits = logits.index_select(-1, allowed)
-            lookup = torch.zeros(out.logits.shape[-1], dtype=torch.long, device=logits.device)
-            lookup[allowed] = torch.arange(allowed.numel(), device=logits.device)
-            target = lookup[target]
-        logp_all = torch.log_softmax(logits, -1)
-        logp = torch.zeros(b.input_ids.shape, dtype=torch.float32, device=self.device)
-        logp[:, 1:] = logp_all.gather(-1, target.unsqueeze(-1)).squeeze(-1)
-        ent = None
-        if with_entropy:
-            # With an entropy bonus the entropy must carry its gradient (a detached one made the bonus a no-op).
-            lp = logp_all if self.cfg.trainer.entropy_coef else logp_all.detach()
-            probs = lp.exp()
-            ent = torch.zeros_like(logp)
-            ent[:, 1:] = -(probs * torch.where(probs > 0, lp, 0.0)).sum(-1)
-        return logp, ent
+        return _token_logprobs(
+            out.logits, b.input_ids, self.temperature, self.allowed, with_entropy, self.cfg.trainer.entropy_coef > 0
+        )
 
-    def _values(self, b: TrainBatch) -> torch.Tensor:
+    def _values(self, b: Batch) -> torch.Tensor:
         assert self.critic is not None
         return shifted_values(self.critic(b.input_ids, b.attention_mask, b.position_ids))
 
-    def _micro(self, rows: list[int]) -> list[list[int]]:
-        mb = self.cfg.deepspeed.micro_batch_size
-        return [rows[i : i + mb] for i in range(0, len(rows), mb)]
-
     # -- the step --------------------------------------------------------------------------------------------
     def train_step(self, trajs: list[Trajectory]) -> dict[str, float]:
-        """One policy version: critic values -> advantages -> one policy step -> K critic steps."""
-        t = self.cfg.trainer
-        full = collate(trajs, self.pad_token_id)
-        rank, world = dist_utils.rank(), dist_utils.world_size()
-        mine = list(range(rank, len(trajs), world))
-        micro = [self._to(full.rows(r)) for r in self._micro(mine)]
-        n_total = dist_utils.all_reduce_sum([float(sum(int(b.action_mask.sum()) for b in micro))])[0]
-        n_total = max(n_total, 1.0)
-        scale_base = self.grad_accum * world / n_total  # DeepSpeed averages over accumulation steps and ranks
-        m: dict[str, float] = {}
+        """One policy version: advantages -> ``ppo_epochs`` policy steps -> K critic steps (see module doc)."""
+        full, m = self._collate(trajs)
+        micro = shard_batch(full, self.cfg.deepspeed.micro_batch_size)
+        adv = self._advantages(full, micro, m)
+        if adv is None:  # non-finite critic values: nothing of this batch can be trusted
+            m.update(skipped_steps=float(self.cfg.trainer.ppo_epochs), trained_tokens=0.0)
+            m["critic_skipped_steps"] = float(self.cfg.trainer.critic_updates_per_step)
+            return m
+        m.update(self._policy_steps(micro, adv.advantages))
+        if self.critic is not None:
+            m.update(self._critic_steps(micro, adv))
+        return m
 
-        # 1) critic values (no grad) and 2) advantages.
-        old_values: list[torch.Tensor] = []
+    def _collate(self, trajs: list[Trajectory]) -> tuple[Batch, dict[str, float]]:
+        """The global batch; trajectories with a non-finite reward keep their row (so every rank cuts the same
+        micro batches) with no trainable token."""
+        bad = [i for i, tr in enumerate(trajs) if not _finite_reward(tr)]
+        clean = [_zero_reward(tr) if i in bad else tr for i, tr in enumerate(trajs)]
+        full = collate(clean, self.pad_token_id)
+        if bad:
+            rows = torch.zeros(full.shape[0], 1, dtype=torch.bool)
+            rows[bad] = True
+            full = dataclasses.replace(
+                full, action_mask=full.action_mask & ~rows, response_mask=full.response_mask & ~rows
+            )
+        return full, {"nonfinite_rewards": float(len(bad))}
+
+    def _advantages(self, full: Batch, micro: list[Batch], m: dict[str, float]) -> _Advantages | None:
+        """Advantages (whitened if asked) for the policy; returns and values for the critic. None: the critic's
+        values are non-finite somewhere (counted in ``nonfinite_values``; the step is skipped)."""
+        t = self.cfg.trainer
+        value_masks = [b.response_mask if self.adv_traits.token_level else b.action_mask for b in micro]
         advs: list[torch.Tensor] = []
         rets: list[torch.Tensor] = []
+        olds: list[torch.Tensor] = []
         if self.critic is not None:
             with torch.no_grad():
-                for b in micro:
-                    v = self._values(b) * b.action_mask
-                    old_values.append(v)
-                    a, r = self._gae(b, v)
-                    advs.append(a)
-                    rets.append(r)
+                olds = [self._values(b) * b.response_mask for b in micro]
+            bad = sum(float((b.response_mask & ~torch.isfinite(v)).sum()) for b, v in zip(micro, olds, strict=True))
+            m["nonfinite_values"] = dist_utils.all_reduce_sum([bad])[0]
+            if m["nonfinite_values"] > 0:
+                return None
+            for b, v in zip(micro, olds, strict=True):
+                a, r = self._gae(b, v)
+                advs.append(a)
+                rets.append(r)
         else:
-            group_ids = torch.tensor([_group_key(tr, i) for i, tr in enumerate(trajs)], dtype=torch.long)
             a_full, _ = self.adv_fn(
                 AdvantageInputs(
                     rewards=full.rewards,
                     action_mask=full.action_mask,
-                    group_ids=group_ids,
+                    response_mask=full.response_mask,
+                    group_ids=full.group_ids,
                     baseline=self.baseline,
                     gamma=t.gamma,
                     lam=t.lam,
                 )
             )
-            for rows in self._micro(mine):
-                advs.append(a_full[rows].to(self.device))
+            rank, world = dist_utils.rank(), dist_utils.world_size()
+            mine = list(range(rank, full.shape[0], world))
+            mb = self.cfg.deepspeed.micro_batch_size
+            advs = [a_full[mine[i : i + mb]].to(self.device) for i in range(0, len(mine), mb)]
             m["baseline_mean"] = float(self.baseline.mean)
-
         parts = [whiten_stats(a, b.action_mask) for a, b in zip(advs, micro, strict=True)]
-        raw_stats = dist_utils.all_reduce_sum([sum(p[i] for p in parts) for i in range(3)])
-        n_adv = max(raw_stats[0], 1.0)
-        m["advantage_mean"] = raw_stats[1] / n_adv
-        m["advantage_std"] = math.sqrt(max(raw_stats[2] / n_adv - m["advantage_mean"] ** 2, 0.0))
+        stats = dist_utils.all_reduce_sum([sum(p[i] for p in parts) for i in range(3)])
+        n_adv = max(stats[0], 1.0)
+        m["advantage_mean"] = stats[1] / n_adv
+        m["advantage_std"] = math.sqrt(max(stats[2] / n_adv - m["advantage_mean"] ** 2, 0.0))
         if t.normalize_advantages:
-            stats = (raw_stats[0], raw_stats[1], raw_stats[2])
-            floor = t.advantage_std_floor
-            advs = [whiten(a, b.action_mask, stats, floor) for a, b in zip(advs, micro, strict=True)]
+            s3 = (stats[0], stats[1], stats[2])
+            advs = [whiten(a, b.action_mask, s3, t.advantage_std_floor) for a, b in zip(advs, micro, strict=True)]
+        return _Advantages(advs, rets, olds, value_masks)
 
-        # Old-policy recompute for the PPO-style losses (one step per batch, so it equals the pre-step policy).
-        olds: list[torch.Tensor | None] = [None] * len(micro)
-        if self.loss_name in ("ppo_clip", "decoupled_ppo"):
-            with torch.no_grad():
-                olds = [self._logp(b, False)[0] for b in micro]
+    def _gae(self, b: Batch, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Actor advantages with ``trainer.lam`` (or VAPO's length-adaptive lambda), critic returns with
+        ``trainer.critic_lam``; one estimator call when the two lambdas agree."""
+        t = self.cfg.trainer
 
-        # 3) one policy step.
-        sums: dict[str, float] = {}
-        gn_actor: float | None = None
-        for b, adv, old in zip(micro, advs, olds, strict=True):
-            logp, ent = self._logp(b, True)
-            loss, lm = self.loss_fn(
-                PolicyLossInputs(
-                    logp=logp,
-                    rollout_logp=b.rollout_logprobs,
-                    advantages=adv,
-                    action_mask=b.action_mask,
-                    old_logp=old,
-                    eps_low=t.eps_low,
-                    eps_high=t.eps_high,
-                    behavior_weight_cap=None,
+        def run(rows: slice, lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+            res: tuple[torch.Tensor, torch.Tensor] = self.adv_fn(
+                AdvantageInputs(
+                    rewards=b.rewards[rows],
+                    action_mask=b.action_mask[rows],
+                    response_mask=b.response_mask[rows],
+                    values=values[rows],
+                    gamma=t.gamma,
+                    lam=lam,
                 )
             )
-            n_mb = float(b.action_mask.sum())
-            mask = b.action_mask
+            return res
+
+        every = slice(None)
+        adv, ret = run(every, t.lam)
+        if t.critic_lam != t.lam:
+            _, ret = run(every, t.critic_lam)
+        if t.length_adaptive_lambda:
+            adv = torch.zeros_like(adv)
+            for i in range(b.shape[0]):
+                n = max(int(b.action_mask[i].sum()), 1)
+                lam_i = min(max(1.0 - 1.0 / (t.lambda_alpha * n), 0.0), 1.0)
+                adv[i] = run(slice(i, i + 1), lam_i)[0][0]
+        return adv, ret
+
+    def _policy_steps(self, micro: list[Batch], advs: list[torch.Tensor]) -> dict[str, float]:
+        """``trainer.ppo_epochs`` actor optimizer steps on the batch (the old-policy recompute, if the algorithm
+        clips against one, happens once before the first). Tokens with a non-finite rollout or old logprob are
+        masked out of the loss."""
+        t = self.cfg.trainer
+        olds: list[torch.Tensor | None] = [None] * len(micro)
+        if self.spec.old_policy_recompute:
+            with torch.no_grad():
+                olds = [self._logp(b, False)[0] for b in micro]
+        masks, rollout, bad = [], [], 0.0
+        for b, old in zip(micro, olds, strict=True):
+            ok = torch.isfinite(b.rollout_logprobs) & (True if old is None else torch.isfinite(old))
+            bad += float((b.action_mask & ~ok).sum())
+            masks.append(b.action_mask & ok)
+            rollout.append(torch.where(ok, b.rollout_logprobs, 0.0))
+        n_total, scale = token_scale(masks, self.grad_accum)
+        m: dict[str, float] = {"masked_nonfinite_tokens": dist_utils.all_reduce_sum([bad])[0], "nonfinite_logp": 0.0}
+        sums: dict[str, float] = {}
+        skipped = 0
+        for _ in range(t.ppo_epochs):
+            gn, was_skipped, bad_logp = self._policy_step(micro, masks, rollout, olds, advs, scale, sums)
+            skipped += int(was_skipped)
+            m["nonfinite_logp"] += bad_logp
+            m["actor_grad_norm"] = gn
+        keys = sorted(sums)
+        for k, total in zip(keys, dist_utils.all_reduce_sum([sums[k] for k in keys]), strict=True):
+            m[k] = total / (n_total * t.ppo_epochs)
+        m["skipped_steps"] = float(skipped)
+        m["trained_tokens"] = n_total
+        return m
+
+    def _policy_step(
+        self,
+        micro: list[Batch],
+        masks: list[torch.Tensor],
+        rollout: list[torch.Tensor],
+        olds: list[torch.Tensor | None],
+        advs: list[torch.Tensor],
+        scale: float,
+        sums: dict[str, float],
+    ) -> tuple[float, bool, float]:
+        """One actor optimizer step over the micro batches; adds token-weighted metric sums to ``sums``.
+        Returns ``(grad norm, skipped, tokens whose recomputed logprob was not finite)``; such tokens are masked
+        too (their gradient is then most likely not finite either, and the optimizer skips the step)."""
+        t = self.cfg.trainer
+        skipped0 = int(getattr(self.actor, "skipped_steps", 0))
+        gn0: float | None = None
+        bad_logp = 0.0
+        for i, (b, mask0, old, adv, rl) in enumerate(zip(micro, masks, olds, advs, rollout, strict=True)):
+            logp, ent = self._logp(b, True)
+            mask = mask0 & torch.isfinite(logp.detach())
+            bad_logp += float((mask0 & ~mask).sum())
+            loss, lm = self.loss_fn(
+                PolicyLossInputs(
+                    logp=torch.where(mask, logp, 0.0),
+                    rollout_logp=rl,
+                    advantages=torch.where(mask, adv, 0.0),
+                    action_mask=mask,
+                    old_logp=None if old is None else torch.where(mask, old, 0.0),
+                    eps_low=t.eps_low,
+                    eps_high=t.eps_high,
+                    behavior_weight_cap=t.behavior_weight_cap,
+                )
+            )
+            n_mb = float(mask.sum())
             ent_mean = float((ent.detach() * mask).sum() / max(n_mb, 1.0)) if ent is not None else 0.0
             if t.entropy_coef and ent is not None:
-                loss = loss - t.entropy_coef * (ent * mask).sum() / max(n_mb, 1.0)
-            self.actor.backward(loss * n_mb * scale_base)
-            if b is micro[-1] and self.cfg.deepspeed.zero_stage == 0:
-                gn_actor = _grad_norm(self.actor)
+                loss = loss - t.entropy_coef * torch.where(mask, ent, 0.0).sum() / max(n_mb, 1.0)
+            self.actor.backward(loss * n_mb * scale)
+            if i == len(micro) - 1 and _plain_grads(self.actor):
+                gn0 = _grad_norm(self.actor)
             self.actor.step()  # DeepSpeed steps the optimizer only at the accumulation boundary
             vals: dict[str, float] = {k: float(x) for k, x in lm.items()}
             vals.update(entropy=ent_mean, pg_loss=float(loss.detach()))
             for k, val in vals.items():
-                if k == "num_tokens" or not math.isfinite(val):
-                    continue
-                sums[k] = sums.get(k, 0.0) + val * n_mb
+                if k != "num_tokens" and math.isfinite(val):
+                    sums[k] = sums.get(k, 0.0) + val * n_mb
         gn = self.actor.get_global_grad_norm()
-        m["actor_grad_norm"] = float(gn) if gn is not None else float(gn_actor or 0.0)
-        keys = sorted(sums)
-        red = dist_utils.all_reduce_sum([sums[k] for k in keys])
-        for k, total in zip(keys, red, strict=True):
-            m[k] = total / n_total
+        norm = float(gn) if gn is not None else float(gn0 or 0.0)
+        skipped = int(getattr(self.actor, "skipped_steps", 0)) > skipped0
+        return norm, skipped, dist_utils.all_reduce_sum([bad_logp])[0]
 
-        # 4) K critic steps on the returns.
-        if self.critic is not None:
-            m.update(self._critic_steps(micro, old_values, rets, scale_base, n_total))
-            ev_num = dist_utils.all_reduce_sum(_ev_parts(old_values, rets, micro))
-            m["explained_variance"] = _ev_from_parts(ev_num)
-        m["trained_tokens"] = n_total
-        return m
-
-    def _gae(self, b: TrainBatch, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        t = self.cfg.trainer
-        if not t.length_adaptive_lambda:
-            res: tuple[torch.Tensor, torch.Tensor] = self.adv_fn(
-                AdvantageInputs(rewards=b.rewards, action_mask=b.action_mask, values=values, gamma=t.gamma, lam=t.lam)
-            )
-            return res
-        # VAPO: the policy's lambda adapts to each sequence's length; the critic learns from lambda = 1 returns.
-        _, ret = self.adv_fn(
-            AdvantageInputs(rewards=b.rewards, action_mask=b.action_mask, values=values, gamma=t.gamma, lam=1.0)
-        )
-        adv = torch.zeros_like(ret)
-        for i in range(b.input_ids.shape[0]):
-            n = max(int(b.action_mask[i].sum()), 1)
-            lam_i = min(max(1.0 - 1.0 / (t.lambda_alpha * n), 0.0), 1.0)
-            a_i, _ = self.adv_fn(
-                AdvantageInputs(
-                    rewards=b.rewards[i : i + 1],
-                    action_mask=b.action_mask[i : i + 1],
-                    values=values[i : i + 1],
-                    gamma=t.gamma,
-                    lam=lam_i,
-                )
-            )
-            adv[i] = a_i[0]
-        return adv, ret
-
-    def _critic_steps(
-        self,
-        micro: list[TrainBatch],
-        old_values: list[torch.Tensor],
-        rets: list[torch.Tensor],
-        scale_base: float,
-        n_total: float,
-    ) -> dict[str, float]:
+    def _critic_steps(self, micro: list[Batch], adv: _Advantages) -> dict[str, float]:
+        """K = ``critic_updates_per_step`` critic optimizer steps on the returns."""
         assert self.critic is not None
+        n_total, scale = token_scale(adv.value_masks, self.grad_accum)
         losses: list[float] = []
-        norms: list[float] = []
+        norm = 0.0
+        skipped = 0
         for _ in range(self.cfg.trainer.critic_updates_per_step):
-            total = 0.0
-            gn0: float | None = None
-            for b, old, ret in zip(micro, old_values, rets, strict=True):
-                values = self._values(b)
-                loss, _ = value_loss(values, old, ret, b.action_mask, self.cfg.critic.value_clip)
-                n_mb = float(b.action_mask.sum())
-                self.critic.backward(loss * n_mb * scale_base)
-                total += float(loss.detach()) * n_mb
-                if b is micro[-1] and self.cfg.deepspeed.zero_stage == 0:
-                    gn0 = _grad_norm(self.critic)
-                self.critic.step()
-            gn = self.critic.get_global_grad_norm()
-            norms.append(float(gn) if gn is not None else float(gn0 or 0.0))
+            total, norm, was_skipped = critic_step(
+                self.critic, micro, adv.value_masks, adv.returns, adv.old_values, self.cfg.critic.value_clip, scale
+            )
             losses.append(total)
+            skipped += int(was_skipped)
         red = dist_utils.all_reduce_sum(losses)
+        ev = ev_from_parts(dist_utils.all_reduce_sum(ev_parts(adv.old_values, adv.returns, adv.value_masks)))
         return {
-            "value_loss": red[-1] / max(n_total, 1.0),
-            "value_loss_first": red[0] / max(n_total, 1.0),
-            "critic_grad_norm": norms[-1],
+            "value_loss": red[-1] / n_total,
+            "value_loss_first": red[0] / n_total,
+            "critic_grad_norm": norm,
+            "critic_skipped_steps": float(skipped),
+            "explained_variance": ev,
         }
 
     # -- state -----------------------------------------------------------------------------------------------
@@ -328,29 +459,69 @@ class Learner:
 
     def gathered_state(self, engine: Any) -> dict[str, torch.Tensor] | None:
         """Collective: the full state dict on rank 0 (ZeRO-3 parameters gathered), None elsewhere."""
-        import deepspeed
+        return dist_utils.full_state_dict(engine.module, self.cfg.deepspeed.zero_stage)
 
-        module = engine.module
-        if self.cfg.deepspeed.zero_stage == 3:
-            with deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=None):
-                sd = (
-                    {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
-                    if dist_utils.rank() == 0
-                    else None
-                )
-            return sd
-        return {k: v.detach().cpu().clone() for k, v in module.state_dict().items()} if dist_utils.rank() == 0 else None
+    def params_finite(self) -> bool:
+        """Collective: whether every rank's (shard of the) actor and critic parameters is finite: a checkpoint
+        of weights that are not is never written."""
+        bad = 0.0
+        for eng in (self.actor, self.critic):
+            if eng is not None:
+                bad += sum(float((~torch.isfinite(p.detach())).sum()) for p in eng.module.parameters())
+        return dist_utils.all_reduce_sum([bad])[0] == 0
 
 
-def _group_key(tr: Trajectory, i: int) -> int:
-    g = tr.info.get("sao_group")
-    return int(g) if g is not None else i
+def _token_logprobs(
+    logits: torch.Tensor,
+    input_ids: torch.Tensor,
+    temperature: float,
+    allowed: torch.Tensor | None,
+    with_entropy: bool,
+    entropy_grad: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``logp[b, t] = log softmax(logits[b, t - 1] / temperature)[input_ids[b, t]]`` (0 at t = 0), float32.
+
+    ``allowed``: sampling was restricted to these ids, so the policy is the softmax over their logits alone (the
+    same distribution as masking the rest to -inf, without a full-vocabulary softmax); targets outside the set are
+    prompt/observation tokens, whose logprob is never used. ``entropy_grad``: the entropy carries its gradient
+    (an entropy bonus needs it).
+    """
+    lg = logits[:, :-1].float()
+    if temperature != 1.0:
+        lg = lg / temperature
+    target = input_ids[:, 1:]
+    if allowed is not None:
+        allowed = allowed.to(lg.device)
+        lg = lg.index_select(-1, allowed)
+        lookup = torch.zeros(logits.shape[-1], dtype=torch.long, device=lg.device)
+        lookup[allowed] = torch.arange(allowed.numel(), device=lg.device)
+        target = lookup[target]
+    logp_all = torch.log_softmax(lg, -1)
+    logp = torch.zeros(input_ids.shape, dtype=torch.float32, device=lg.device)
+    logp[:, 1:] = logp_all.gather(-1, target.unsqueeze(-1)).squeeze(-1)
+    ent = None
+    if with_entropy:
+        lp = logp_all if entropy_grad else logp_all.detach()
+        probs = lp.exp()
+        ent = torch.zeros_like(logp)
+        ent[:, 1:] = -(probs * torch.where(probs > 0, lp, 0.0)).sum(-1)
+    return logp, ent
 
 
-def _ev_parts(values: list[torch.Tensor], rets: list[torch.Tensor], micro: list[TrainBatch]) -> list[float]:
+def _finite_reward(tr: Trajectory) -> bool:
+    return all(math.isfinite(x) for x in [tr.reward, *(s.reward for s in tr.segments if s.reward is not None)])
+
+
+def _zero_reward(tr: Trajectory) -> Trajectory:
+    segs = tuple(dataclasses.replace(s, reward=None) if s.reward is not None else s for s in tr.segments)
+    return dataclasses.replace(tr, reward=0.0, segments=segs)
+
+
+def ev_parts(values: list[torch.Tensor], rets: list[torch.Tensor], masks: list[torch.Tensor]) -> list[float]:
+    """Sums over micro batches (all-reduce them across ranks) from which ``ev_from_parts`` gives the explained
+    variance ``1 - Var(R - V) / Var(R)`` of the whole batch."""
     n = s_r = s_r2 = s_e = s_e2 = 0.0
-    for v, r, b in zip(values, rets, micro, strict=True):
-        mk = b.action_mask
+    for v, r, mk in zip(values, rets, masks, strict=True):
         rr, ee = r[mk].double(), (r - v)[mk].double()
         n += rr.numel()
         s_r += float(rr.sum())
@@ -360,7 +531,7 @@ def _ev_parts(values: list[torch.Tensor], rets: list[torch.Tensor], micro: list[
     return [n, s_r, s_r2, s_e, s_e2]
 
 
-def _ev_from_parts(p: list[float]) -> float:
+def ev_from_parts(p: list[float]) -> float:
     n, s_r, s_r2, s_e, s_e2 = p
     if n < 2:
         return float("nan")

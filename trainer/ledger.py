@@ -13,13 +13,12 @@ and a trajectory trained twice is reported.
 
 from __future__ import annotations
 
-import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from agent.records import Trajectory
+from saocore.jsonl import JsonlAppender, iter_jsonl
 
 
 class Ledger:
@@ -27,12 +26,10 @@ class Ledger:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        self._f = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - held open for the run
+        self._out = JsonlAppender(self.path)
 
     def _write(self, rec: dict[str, Any]) -> None:
-        self._f.write(json.dumps(rec, default=str) + "\n")
-        self._f.flush()
-        os.fsync(self._f.fileno())
+        self._out.append(rec)
 
     def arrived(self, uid: str, seq: int, task_index: int, traj: Trajectory, version: int) -> None:
         self._write(
@@ -48,17 +45,13 @@ class Ledger:
         )
 
     def event(self, uids: list[str], event: str, step: int, version: int) -> None:
-        for uid in uids:
-            self._f.write(json.dumps({"type": "event", "uid": uid, "event": event, "step": step, "version": version}))
-            self._f.write("\n")
-        self._f.flush()
-        os.fsync(self._f.fileno())
+        self._out.append(*({"type": "event", "uid": u, "event": event, "step": step, "version": version} for u in uids))
 
     def resume(self, from_step: int) -> None:
         self._write({"type": "resume", "from_step": from_step})
 
     def close(self) -> None:
-        self._f.close()
+        self._out.close()
 
 
 @dataclass
@@ -86,11 +79,8 @@ def replay(path: str | Path) -> tuple[Accounting, dict[str, dict[str, Any]]]:
     p = Path(path)
     if not p.exists():
         return acc, {}
-    for line in p.read_text(encoding="utf-8").splitlines():
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            continue
+    fix = "the run's ledger is damaged before its last line; restore it or start a new run.dir"
+    for _, rec in iter_jsonl(p, torn_tail_ok=True, fix=fix):
         kind = rec.get("type")
         if kind == "trajectory":
             records[rec["uid"]] = rec

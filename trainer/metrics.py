@@ -8,6 +8,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from saocore.jsonl import append_jsonl, iter_jsonl
+
 # The curves `sao plot` draws, in this order (missing keys are skipped).
 PLOT_KEYS = (
     "reward_mean",
@@ -67,10 +69,7 @@ class MetricsWriter:
 
     def write(self, step: int, metrics: dict[str, Any]) -> None:
         rec = {"step": step, **{k: _clean(v) for k, v in metrics.items()}}
-        with open(self.path, "a", encoding="utf-8") as f:
-            f.write(json.dumps(rec) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        append_jsonl(self.path, [rec])
         scalars = {k: v for k, v in rec.items() if isinstance(v, int | float) and v is not None and k != "step"}
         if self._tb is not None:
             for k, v in scalars.items():
@@ -103,13 +102,7 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
     path = Path(run_dir) / "metrics.jsonl"
     if not path.exists():
         raise FileNotFoundError(f"{path} not found; is {run_dir} a run directory written by `sao train`?")
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue  # a torn last line after a kill
-    return out
+    return [rec for _, rec in iter_jsonl(path, torn_tail_ok=True)]  # a kill may leave a torn last line
 
 
 def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:

@@ -15,6 +15,7 @@ import os
 import random
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -119,6 +120,16 @@ def _allowed_ids(cfg: Config, tokenizer: Any) -> list[int] | None:
     return ids
 
 
+@dataclass
+class _Session:
+    """What rank 0's training loop runs with; ``Trainer._close`` releases it."""
+
+    ledger: Ledger
+    metrics: MetricsWriter
+    engine: Any
+    coord: Coordinator
+
+
 class Trainer:
     """Everything one rank needs; ``run()`` trains until ``run.total_steps``."""
 
@@ -131,7 +142,7 @@ class Trainer:
         self.tokenizer = load_tokenizer(cfg)
         self.allowed = _allowed_ids(cfg, self.tokenizer)
         actor = load_actor(cfg)
-        critic = load_critic(cfg, actor) if cfg.uses_critic else None
+        critic = load_critic(cfg, actor) if cfg.algorithm.critic else None
         # The in-process engine samples from its own copy, taken before DeepSpeed partitions (ZeRO-3) the actor.
         hf = cfg.rollout.engine == "hf" and self.rank0
         self.engine_model = copy.deepcopy(actor).eval() if hf else None
@@ -164,8 +175,10 @@ class Trainer:
                 self.learner.critic.module.save(Path(msg["dir"]), state=sd)
             return {}
         if cmd == "save":
+            if not self.learner.params_finite():
+                return {"saved": False}  # the last good checkpoint stays the latest
             self.learner.save(Path(msg["dir"]))
-            return {}
+            return {"saved": True}
         if cmd == "stop":
             if self.cfg.run.param_digest:
                 self._write_digest(Path(msg["run_dir"]))
@@ -175,26 +188,16 @@ class Trainer:
     def _write_digest(self, run_dir: Path) -> None:
         import hashlib
 
-        import deepspeed
-
         out: dict[str, str] = {}
         for name, eng in (("actor", self.learner.actor), ("critic", self.learner.critic)):
             if eng is None:
                 continue
-            params = list(eng.module.parameters())
-            ctx = (
-                deepspeed.zero.GatheredParameters(params, modifier_rank=None)
-                if self.cfg.deepspeed.zero_stage == 3
-                else None
-            )
-            if ctx is not None:
-                ctx.__enter__()
+            sd = dist_utils.full_state_dict(eng.module, self.cfg.deepspeed.zero_stage, all_ranks=True)
+            assert sd is not None
             h = hashlib.sha256()
-            for k, v in sorted(eng.module.state_dict().items()):
+            for k, v in sorted(sd.items()):
                 h.update(k.encode())
-                h.update(v.detach().float().cpu().numpy().tobytes())
-            if ctx is not None:
-                ctx.__exit__(None, None, None)
+                h.update(v.float().numpy().tobytes())
             out[name] = h.hexdigest()
         d = run_dir / "param_digest"
         d.mkdir(parents=True, exist_ok=True)
@@ -251,7 +254,16 @@ class Trainer:
     def _save(self, coord: Coordinator) -> None:
         name = f"step_{self.step:06d}"
         ckpt = self.run_dir / "checkpoints" / name
-        self.lead({"cmd": "save", "dir": str(ckpt)})
+        if not self.lead({"cmd": "save", "dir": str(ckpt)})["saved"]:
+            import logging
+
+            logging.getLogger(__name__).warning(
+                "step %d: the weights hold NaN/inf, checkpoint not written; the latest stays %s",
+                self.step,
+                latest_checkpoint(self.run_dir),
+            )
+            shutil.rmtree(ckpt, ignore_errors=True)
+            return
         state = {
             "step": self.step,
             "version": self.version,
@@ -278,16 +290,26 @@ class Trainer:
             shutil.rmtree(old, ignore_errors=True)
 
     async def lead_run(self) -> dict[str, Any]:
+        """Rank 0: set up the rollouts, train until ``run.total_steps``, then write the final weights."""
+        session = await self._setup()
+        try:
+            last = await self._loop(session)
+        finally:
+            await self._close(session)
+        await self._finish()
+        return last
+
+    async def _setup(self) -> _Session:
+        """Ledger and metrics (replayed on resume), the inference engine, and the coordinator, started."""
         from agent.loop import AgentConfig, run_episode
 
-        cfg, t = self.cfg, self.cfg.trainer
+        cfg, t, spec = self.cfg, self.cfg.trainer, self.cfg.algorithm
         ledger = Ledger(self.run_dir / "trajectories.jsonl")
         metrics = MetricsWriter(self.run_dir, cfg.run.tensorboard, cfg.run.wandb_project)
-        acc, pending = replay(ledger.path)
         if self.state is not None:
             ledger.resume(self.step)
             metrics.truncate_after(self.step)
-            acc, pending = replay(ledger.path)
+        acc, pending = replay(ledger.path)
         engine = self._make_engine()
         if self.state is not None and self.version > 0:
             await self._sync_weights(engine)
@@ -315,16 +337,15 @@ class Trainer:
                 else:
                     env.close()
 
-        grouped = t.algorithm in ("grpo", "grpo_dis")
         coord = Coordinator(
             episode,
             TaskSource(_load_tasks(cfg), cfg.run.seed),
             ledger,
             concurrency=cfg.rollout.concurrency,
             buffer_size=max(cfg.rollout.buffer_size, t.batch_size),
-            max_staleness=0 if t.algorithm == "grpo" else t.max_staleness,
-            group_size=t.group_size if grouped else 1,
-            synchronous=t.algorithm == "grpo",
+            max_staleness=t.max_staleness if spec.max_staleness is None else spec.max_staleness,
+            group_size=t.group_size if spec.grouped else 1,
+            synchronous=spec.synchronous,
             cursor=max(int(self.state["cursor"]) if self.state else 0, acc.max_task_index + 1),
             seq=acc.max_seq + 1,
         )
@@ -335,6 +356,11 @@ class Trainer:
         if coord.synchronous:
             coord.allow_next_batch(max(0, t.batch_size - len(coord.buffer)))
         coord.start()
+        return _Session(ledger, metrics, engine, coord)
+
+    async def _loop(self, s: _Session) -> dict[str, Any]:
+        """Batch -> train step -> version + 1 -> weight sync -> metrics -> checkpoint, until the last step."""
+        cfg, t, coord = self.cfg, self.cfg.trainer, s.coord
         progress = TrainProgress(cfg.run.total_steps, self.step, enabled=cfg.run.progress)
         t_run = time.perf_counter()
         gen0 = coord.counters.generated
@@ -344,8 +370,7 @@ class Trainer:
                 t0 = time.perf_counter()
                 items: list[Item] = await coord.next_batch(t.batch_size, self.step + 1)
                 t1 = time.perf_counter()
-                msg = {"cmd": "train", "trajs": [i.traj.to_dict() for i in items]}
-                m = await asyncio.to_thread(self.lead, msg)
+                m = await asyncio.to_thread(self.lead, {"cmd": "train", "trajs": [i.traj.to_dict() for i in items]})
                 t2 = time.perf_counter()
                 self.step += 1
                 coord.trained(items, self.step)
@@ -353,24 +378,30 @@ class Trainer:
                 coord.version = self.version
                 sync_s = 0.0
                 if self.version % t.sync_every == 0:
-                    sync_s = await self._sync_weights(engine)
+                    sync_s = await self._sync_weights(s.engine)
                 if coord.synchronous:
                     coord.allow_next_batch(t.batch_size)
                 t3 = time.perf_counter()
                 last = self._step_metrics(m, items, coord, t0, t1, t2, t3, sync_s, t_run, gen0)
-                metrics.write(self.step, last)
+                s.metrics.write(self.step, last)
                 progress.update(self.step, last)
                 if self.step % cfg.run.save_every == 0 or self.step == cfg.run.total_steps:
                     await asyncio.to_thread(self._save, coord)
         finally:
             progress.close()
-            await coord.stop()
-            await engine.close()
-            server = getattr(self, "_server", None)
-            if server is not None:
-                server.stop()
-            ledger.close()
-            metrics.close()
+        return last
+
+    async def _close(self, s: _Session) -> None:
+        await s.coord.stop()
+        await s.engine.close()
+        server = getattr(self, "_server", None)
+        if server is not None:
+            server.stop()
+        s.ledger.close()
+        s.metrics.close()
+
+    async def _finish(self) -> None:
+        """Final actor (+ critic) weights and tokenizer in RUN_DIR/final, the digest, the plots."""
         # The versioned weight dirs only fed the engine; final/ and the checkpoints hold what lasts.
         shutil.rmtree(self.run_dir / "weights", ignore_errors=True)
         final = self.run_dir / "final"
@@ -379,9 +410,8 @@ class Trainer:
         if self.learner.critic is not None:
             await asyncio.to_thread(self.lead, {"cmd": "export_critic", "dir": str(final / "critic")})
         self.lead({"cmd": "stop", "run_dir": str(self.run_dir)})
-        if cfg.run.plot:
+        if self.cfg.run.plot:
             plot_run(self.run_dir)
-        return last
 
     def _step_metrics(
         self,
@@ -428,7 +458,6 @@ def _json_default(o: Any) -> Any:
     if isinstance(o, tuple):
         return list(o)
     return str(o)
-
 
 
 def train(config_path: str | None, overrides: list[str] | None = None, resume: str | None = None) -> Path:

@@ -17,11 +17,17 @@ from agent.records import Trajectory
 from saocore.jsonl import iter_jsonl
 from trainer import distributed as dist_utils
 from trainer.algos.advantages import skip_observation_gae
-from trainer.algos.losses import explained_variance, value_loss
-from trainer.batching import collate
+from trainer.batch import collate
 from trainer.config import ConfigError, load_config
-from trainer.learner import make_engine
-from trainer.models import shifted_values
+from trainer.learner import (
+    critic_step,
+    ev_from_parts,
+    ev_parts,
+    grad_accum_steps,
+    make_engine,
+    shard_batch,
+    token_scale,
+)
 
 
 def read_rollouts(path: str | Path) -> list[Trajectory]:
@@ -52,7 +58,11 @@ def read_rollouts(path: str | Path) -> list[Trajectory]:
 def pretrain_value(
     config_path: str, rollouts: str, out_dir: str | None = None, epochs: int = 2, overrides: list[str] | None = None
 ) -> Path:
-    """Train the critic of ``config_path`` on ``rollouts``; returns the checkpoint dir (default RUN_DIR/value_init)."""
+    """Train the critic of ``config_path`` on ``rollouts``; returns the checkpoint dir (default RUN_DIR/value_init).
+
+    Batches of ``trainer.batch_size`` trajectories are sharded and accumulated exactly as the learner does
+    (``shard_batch`` / ``token_scale`` / ``critic_step``); each batch is one critic optimizer step.
+    """
     from trainer.models import load_actor, load_critic, load_tokenizer
 
     cfg = load_config(config_path, overrides)
@@ -66,49 +76,32 @@ def pretrain_value(
     actor = load_actor(cfg)
     critic_model = load_critic(cfg, actor)
     del actor
-    bs, world, rank = cfg.trainer.batch_size, dist_utils.world_size(), dist_utils.rank()
-    mb = cfg.deepspeed.micro_batch_size
-    shard = max(1, bs // world)
-    grad_accum = -(-shard // mb)
+    bs, mb = cfg.trainer.batch_size, cfg.deepspeed.micro_batch_size
+    grad_accum = grad_accum_steps(bs, mb)
     critic = make_engine(critic_model, cfg, grad_accum, cfg.critic.lr, cfg.critic.weight_decay)
     rng = random.Random(cfg.run.seed)
-    dev = dist_utils.device()
-    ev = float("nan")
+    loss, ev = float("nan"), float("nan")
     for epoch in range(epochs):
         order = list(range(len(trajs)))
         rng.shuffle(order)
+        # whole batches only (the accumulation count is fixed); fewer trajectories than a batch: one short batch
         for start in range(0, len(order) - bs + 1 if len(order) >= bs else 1, bs):
-            batch = [trajs[i] for i in order[start : start + bs]]
-            full = collate(batch, int(tok.pad_token_id))
-            mine = list(range(rank, len(batch), world))
-            chunks = [mine[i : i + mb] for i in range(0, len(mine), mb)]
-            n_total = max(1.0, dist_utils.all_reduce_sum([float(full.action_mask[mine].sum())])[0])
-            for rows in chunks:
-                b = full.rows(rows)
-                ids, am, pos = b.input_ids.to(dev), b.attention_mask.to(dev), b.position_ids.to(dev)
-                mask = b.action_mask.to(dev)
-                _, ret = skip_observation_gae(
-                    b.rewards.to(dev), torch.zeros_like(b.rewards, device=dev), mask, cfg.trainer.gamma, 1.0
-                )
-                values = shifted_values(critic(ids, am, pos))
-                loss, _ = value_loss(values, values.detach(), ret, mask, None)
-                critic.backward(loss * float(mask.sum()) * grad_accum * world / n_total)
-                critic.step()
-                ev = float(explained_variance(values.detach(), ret, mask))
-        if rank == 0:
-            print(
-                f"value pretraining epoch {epoch + 1}/{epochs}: "
-                f"loss {float(loss.detach()):.4f} explained variance {ev:.3f}"
-            )
-    from deepspeed import zero
-
-    module = critic.module
-    if cfg.deepspeed.zero_stage == 3:
-        with zero.GatheredParameters(list(module.parameters()), modifier_rank=None):
-            sd = {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
-    else:
-        sd = {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
-    if rank == 0:
-        module.save(out, state=sd)
+            micro = shard_batch(collate([trajs[i] for i in order[start : start + bs]], int(tok.pad_token_id)), mb)
+            masks = [b.action_mask for b in micro]
+            # returns: the discounted reward-to-go over action tokens (GAE at lambda = 1 on zero values)
+            rets = [
+                skip_observation_gae(b.rewards, torch.zeros_like(b.rewards), b.action_mask, cfg.trainer.gamma, 1.0)[1]
+                for b in micro
+            ]
+            n_total, scale = token_scale(masks, grad_accum)
+            values: list[torch.Tensor] = []
+            total, _, _ = critic_step(critic, micro, masks, rets, None, None, scale, seen=values)
+            loss = dist_utils.all_reduce_sum([total])[0] / n_total
+            ev = ev_from_parts(dist_utils.all_reduce_sum(ev_parts(values, rets, masks)))
+        if dist_utils.rank() == 0:
+            print(f"value pretraining epoch {epoch + 1}/{epochs}: loss {loss:.4f} explained variance {ev:.3f}")
+    sd = dist_utils.full_state_dict(critic.module, cfg.deepspeed.zero_stage)
+    if sd is not None:
+        critic.module.save(out, state=sd)
     dist_utils.barrier()
     return out

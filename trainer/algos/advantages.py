@@ -60,41 +60,22 @@ def _discounted_reverse_cumsum(x: torch.Tensor, c: float) -> torch.Tensor:
     return out if nc * width == n else out[:, :n].contiguous()
 
 
-def _compact_index(mask: torch.Tensor, seq_ids: torch.Tensor | None) -> tuple[torch.Tensor, int, int]:
-    """Where each masked token goes in a compact ``[G, W]`` table of sequences x masked-token rank.
+def _compact_index(mask: torch.Tensor) -> tuple[torch.Tensor, int, int]:
+    """Where each masked token goes in a compact ``[B, W]`` table of rows x masked-token rank.
 
-    ``W`` is the most masked tokens in one sequence plus at least one spare column, rounded up to the scan's
-    chunk width, so every row ends in zero padding and the table's last slot is never a real token: unmasked
-    tokens all point there (the dump slot). Returns ``(flat_index [B*T] int64, G, W)``. Built from a row cumsum
-    (no ``nonzero``): a few passes over ``[B, T]``.
+    ``W`` is the most masked tokens in one row plus at least one spare column, rounded up to the scan's chunk
+    width, so every row ends in zero padding and the table's last slot is never a real token: unmasked tokens all
+    point there (the dump slot). Returns ``(flat_index [B*T], B, W)``. Built from a row cumsum (no ``nonzero``).
     """
     b, t = mask.shape
     count = torch.cumsum(mask, 1, dtype=torch.int32)  # inclusive number of masked tokens so far in the row
-    if seq_ids is None:
-        n_groups = b
-        length = int(count[:, -1].max()) if b and t else 0
-        width = -(-(length + 1) // _CHUNK) * _CHUNK
-        index_dtype = torch.int32 if b * width < 2**31 else torch.int64
-        fi = count.to(index_dtype) + (torch.arange(b, device=mask.device, dtype=index_dtype) * width - 1)[:, None]
-    else:
-        if tuple(seq_ids.shape) != (b, t):
-            raise ValueError(f"seq_ids must have shape {(b, t)}, got {tuple(seq_ids.shape)}")
-        if bool(((seq_ids < 0) & mask).any()):
-            raise ValueError("seq_ids is -1 on a masked token; every action token must belong to a sequence")
-        sid = seq_ids.long()
-        starts = torch.ones_like(mask)
-        starts[:, 1:] = sid[:, 1:] != sid[:, :-1]
-        # masked tokens before each sequence's first token, carried forward (count never decreases in a row)
-        before = torch.where(starts, count - mask.int(), 0).cummax(dim=1).values
-        rank = count - before - 1
-        n_groups = int(sid.max()) + 1 if sid.numel() else 0
-        length = int(torch.where(mask, rank, -1).max()) + 1 if sid.numel() else 0
-        width = -(-(length + 1) // _CHUNK) * _CHUNK
-        index_dtype = torch.int32 if n_groups * width < 2**31 else torch.int64
-        fi = (sid * width + rank).to(index_dtype)
+    length = int(count[:, -1].max()) if b and t else 0
+    width = -(-(length + 1) // _CHUNK) * _CHUNK
     # int32 indices when they fit: on CPU the int64 [B, T] passes cost several times more than the int32 ones
-    fi = torch.where(mask, fi, n_groups * width - 1)
-    return fi.view(-1), n_groups, width
+    index_dtype = torch.int32 if b * width < 2**31 else torch.int64
+    fi = count.to(index_dtype) + (torch.arange(b, device=mask.device, dtype=index_dtype) * width - 1)[:, None]
+    fi = torch.where(mask, fi, b * width - 1)
+    return fi.view(-1), b, width
 
 
 def _masked_gae(
@@ -103,9 +84,8 @@ def _masked_gae(
     mask: torch.Tensor,
     gamma: float,
     lam: float,
-    seq_ids: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """GAE over the masked tokens only, each sequence's masked tokens treated as consecutive steps.
+    """GAE over the masked tokens only, each row's masked tokens treated as consecutive steps.
 
     The masked tokens of every sequence are scattered into a compact zero-padded ``[G, W]`` table, the
     recursion runs there, and the result is gathered back: memory is O(B*T), and tokens off the mask can
@@ -115,11 +95,11 @@ def _masked_gae(
     _check_gamma_lam(gamma, lam)
     out_dtype = torch.promote_types(values.dtype, torch.float32)
     rewards, values = rewards.detach(), values.detach()  # advantages and returns are targets: no gradient
-    if seq_ids is None and dense_supported(gamma, lam):
+    if dense_supported(gamma, lam):
         # no compaction needed: the chunked dense scan is several times faster (see trainer/algos/scan.py)
         return masked_gae_dense(rewards, values, mask, gamma, lam)
     m = mask.bool()
-    fi, n_groups, width = _compact_index(m, seq_ids)
+    fi, n_groups, width = _compact_index(m)
     if n_groups == 0:
         zeros = torch.zeros(b, t, dtype=out_dtype, device=values.device)
         return zeros, zeros.clone()
@@ -147,7 +127,6 @@ def skip_observation_gae(
     action_mask: torch.Tensor,
     gamma: float,
     lam: float,
-    seq_ids: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """GAE over action tokens only: observation, prompt and padding tokens are skipped, never bootstrapped through.
 
@@ -155,10 +134,10 @@ def skip_observation_gae(
     observation tokens lie between): ``delta_t = r_t + gamma * V(t') - V(t)`` and
     ``A_t = delta_t + gamma * lam * A_t'``; after the last action token ``V = 0`` and ``A = 0``.
     ``returns = advantages + values`` on action tokens. Both outputs are ``[B, T]``, 0 off the action tokens, in
-    ``values``' dtype promoted to at least float32. ``seq_ids`` (``[B, T]``) restarts the recursion at every
-    sequence of a packed row. Raises ValueError on mismatched shapes or gamma/lam outside [0, 1].
+    ``values``' dtype promoted to at least float32. Raises ValueError on mismatched shapes or gamma/lam outside
+    [0, 1].
     """
-    return _masked_gae(rewards, values, action_mask, gamma, lam, seq_ids)
+    return _masked_gae(rewards, values, action_mask, gamma, lam)
 
 
 def gae(
@@ -167,14 +146,13 @@ def gae(
     response_mask: torch.Tensor,
     gamma: float,
     lam: float,
-    seq_ids: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Standard token GAE over every response token (actions and observations alike), for the ablation.
 
     Same recursion as ``skip_observation_gae`` but it steps through observation tokens and bootstraps from
     their values; only the prompt and padding (``response_mask == 0``) are outside it.
     """
-    return _masked_gae(rewards, values, response_mask, gamma, lam, seq_ids)
+    return _masked_gae(rewards, values, response_mask, gamma, lam)
 
 
 def grpo_advantages(
@@ -293,22 +271,22 @@ def whiten(
     return torch.where(mask.bool(), out, torch.zeros_like(out))
 
 
-@register_advantage("skip_obs_gae")
+@register_advantage("skip_obs_gae", needs_values=True)
 def _skip_obs_gae_entry(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
     values = _need(inputs.values, "critic values", "skip_obs_gae")
-    return skip_observation_gae(inputs.rewards, values, inputs.action_mask, inputs.gamma, inputs.lam, inputs.seq_ids)
+    return skip_observation_gae(inputs.rewards, values, inputs.action_mask, inputs.gamma, inputs.lam)
 
 
-@register_advantage("gae")
+@register_advantage("gae", needs_values=True, token_level=True)
 def _gae_entry(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
     values = _need(inputs.values, "critic values", "gae")
     mask = inputs.response_mask if inputs.response_mask is not None else inputs.action_mask
-    adv, ret = gae(inputs.rewards, values, mask, inputs.gamma, inputs.lam, inputs.seq_ids)
+    adv, ret = gae(inputs.rewards, values, mask, inputs.gamma, inputs.lam)
     # Observation tokens get advantages too, but the policy loss only ever reads action tokens.
     return adv, ret
 
 
-@register_advantage("grpo")
+@register_advantage("grpo", needs_groups=True)
 def _grpo_entry(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
     group_ids = _need(inputs.group_ids, "group_ids ([B] prompt group of each row)", "grpo")
     outcome = _outcome(inputs)

@@ -1,45 +1,52 @@
-"""Name -> function registries for advantage estimators and policy losses, with one fixed signature each.
+"""Name -> entry registries: training algorithms, advantage estimators and policy losses.
 
-The trainer looks algorithms up only through these registries (``get_advantage(cfg.advantage)``), so every
-entry of a registry is called the same way:
+``trainer.algorithm`` names an ``AlgorithmSpec``; the spec names its advantage estimator and policy loss and
+declares everything else the trainer branches on (critic, old-policy recompute, grouping, synchronous rollouts,
+staleness, config checks). Config validation, the learner and the run read the spec, never the name.
+Every entry of a function registry is called the same way:
 
 * advantage estimators: ``fn(inputs: AdvantageInputs) -> (advantages, returns)``, both ``[B, T]`` float tensors,
   zero off the action tokens;
 * policy losses: ``fn(inputs: PolicyLossInputs) -> (loss, metrics)``, ``loss`` a scalar tensor that carries the
   gradient, ``metrics`` a dict of detached 0-dim tensors (call ``float()`` on them to log).
+
+This module imports no torch at run time, so reading a config stays cheap.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Generic, TypeVar
-
-import torch
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 if TYPE_CHECKING:
+    import torch
+
     from trainer.algos.advantages import RunningMeanBaseline
 
-F = TypeVar("F", bound=Callable[..., object])
+F = TypeVar("F")
 
 
 class Registry(Generic[F]):
-    """A named table of functions; registering a taken name or looking up an unknown one raises ValueError."""
+    """A named table of entries; registering a taken name or looking up an unknown one raises ValueError."""
 
     def __init__(self, kind: str) -> None:
         self.kind = kind
         self._entries: dict[str, F] = {}
 
+    def add(self, name: str, entry: F) -> F:
+        if not name or not isinstance(name, str):
+            raise ValueError(f"a {self.kind} name must be a non-empty string, got {name!r}")
+        if name in self._entries:
+            raise ValueError(
+                f"{self.kind} {name!r} is already registered (by {self._entries[name]!r}); pick another name"
+            )
+        self._entries[name] = entry
+        return entry
+
     def register(self, name: str) -> Callable[[F], F]:
         def decorator(fn: F) -> F:
-            if not name or not isinstance(name, str):
-                raise ValueError(f"a {self.kind} name must be a non-empty string, got {name!r}")
-            if name in self._entries:
-                raise ValueError(
-                    f"{self.kind} {name!r} is already registered (by {self._entries[name]!r}); pick another name"
-                )
-            self._entries[name] = fn
-            return fn
+            return self.add(name, fn)
 
         return decorator
 
@@ -64,8 +71,7 @@ class AdvantageInputs:
     ``action_mask``: 1 on action tokens; ``values``: critic values (estimators with a critic need them);
     ``response_mask``: 1 on every non-prompt token (``gae`` runs over it; defaults to ``action_mask``);
     ``group_ids``: ``[B]`` prompt group of each row (``grpo``); ``baseline``: the trainer's running-mean state
-    (``running_mean``, which reads and then updates it); ``seq_ids``: ``[B, T]`` sequence index for packed rows
-    (recursions restart at each sequence; ``-1`` on padding), ``None`` for one sequence per row.
+    (``running_mean``, which reads and then updates it).
     """
 
     rewards: torch.Tensor
@@ -74,7 +80,6 @@ class AdvantageInputs:
     response_mask: torch.Tensor | None = None
     group_ids: torch.Tensor | None = None
     baseline: RunningMeanBaseline | None = None
-    seq_ids: torch.Tensor | None = None
     gamma: float = 1.0
     lam: float = 1.0
 
@@ -103,16 +108,41 @@ class PolicyLossInputs:
     normalizer: float | None = None
 
 
-AdvantageFn = Callable[[AdvantageInputs], tuple[torch.Tensor, torch.Tensor]]
-PolicyLossFn = Callable[[PolicyLossInputs], tuple[torch.Tensor, dict[str, torch.Tensor]]]
+AdvantageFn = Callable[[AdvantageInputs], "tuple[torch.Tensor, torch.Tensor]"]
+PolicyLossFn = Callable[[PolicyLossInputs], "tuple[torch.Tensor, dict[str, torch.Tensor]]"]
+
+
+@dataclass(frozen=True)
+class AdvantageTraits:
+    """What an advantage estimator needs from the run (critic values, rollouts in prompt groups) and whether it
+    covers observation tokens too (``token_level``: the critic then learns values on every response token)."""
+
+    needs_values: bool = False
+    needs_groups: bool = False
+    token_level: bool = False
+
 
 ADVANTAGES: Registry[AdvantageFn] = Registry("advantage estimator")
+ADVANTAGE_TRAITS: dict[str, AdvantageTraits] = {}
 POLICY_LOSSES: Registry[PolicyLossFn] = Registry("policy loss")
 
 
-def register_advantage(name: str) -> Callable[[AdvantageFn], AdvantageFn]:
-    """Decorator: register ``fn(AdvantageInputs) -> (advantages, returns)`` under ``name``."""
-    return ADVANTAGES.register(name)
+def register_advantage(
+    name: str, *, needs_values: bool = False, needs_groups: bool = False, token_level: bool = False
+) -> Callable[[AdvantageFn], AdvantageFn]:
+    """Decorator: register ``fn(AdvantageInputs) -> (advantages, returns)`` under ``name``.
+
+    ``needs_values``: it reads ``AdvantageInputs.values`` (only algorithms with a critic may use it);
+    ``needs_groups``: it reads ``group_ids`` (only grouped algorithms may use it). Config validation checks both.
+    ``token_level``: its returns cover every response token (observations included), not only actions.
+    """
+
+    def decorator(fn: AdvantageFn) -> AdvantageFn:
+        ADVANTAGES.add(name, fn)
+        ADVANTAGE_TRAITS[name] = AdvantageTraits(needs_values, needs_groups, token_level)
+        return fn
+
+    return decorator
 
 
 def register_policy_loss(name: str) -> Callable[[PolicyLossFn], PolicyLossFn]:
@@ -142,6 +172,62 @@ def advantage_names() -> list[str]:
     return ADVANTAGES.names()
 
 
+def advantage_traits(name: str) -> AdvantageTraits:
+    get_advantage(name)
+    return ADVANTAGE_TRAITS.get(name, AdvantageTraits())
+
+
 def policy_loss_names() -> list[str]:
     _load_builtins()
     return POLICY_LOSSES.names()
+
+
+@dataclass(frozen=True)
+class AlgorithmSpec:
+    """One ``trainer.algorithm``: everything the config checks, the learner and the run branch on.
+
+    ``advantage`` / ``policy_loss``: names in the estimator and loss registries (``trainer.advantage`` may
+    override the estimator for an ablation); ``critic``: train a value model (K steps per policy step);
+    ``old_policy_recompute``: a no-grad forward with the pre-update weights before the policy step(s), for losses
+    that clip against the proximal policy; ``grouped``: every prompt is rolled out ``trainer.group_size`` times and
+    a batch holds whole groups; ``synchronous``: a batch's episodes start only after the previous batch was
+    trained and synced (on-policy); ``max_staleness``: None keeps ``trainer.max_staleness``, a number overrides it
+    (0 = on-policy); ``checks``: extra config checks, each ``fn(cfg) -> error message or None``.
+    """
+
+    name: str
+    advantage: str
+    policy_loss: str
+    critic: bool
+    old_policy_recompute: bool = False
+    grouped: bool = False
+    synchronous: bool = False
+    max_staleness: int | None = None
+    summary: str = ""
+    checks: tuple[Callable[[Any], str | None], ...] = ()
+
+
+ALGORITHMS: Registry[AlgorithmSpec] = Registry("training algorithm")
+
+
+def register_algorithm(spec: AlgorithmSpec) -> AlgorithmSpec:
+    """Add ``spec`` under ``spec.name``; ``trainer.algorithm: <name>`` then selects it.
+
+    See docs/register_algorithm.md for a complete example (a new loss plus its spec, from outside the package).
+    """
+    _load_algorithms()
+    return ALGORITHMS.add(spec.name, spec)
+
+
+def _load_algorithms() -> None:
+    import trainer.algos.algorithms  # noqa: F401 - the built-in specs register themselves (no torch import)
+
+
+def get_algorithm(name: str) -> AlgorithmSpec:
+    _load_algorithms()
+    return ALGORITHMS.get(name)
+
+
+def algorithm_names() -> list[str]:
+    _load_algorithms()
+    return ALGORITHMS.names()

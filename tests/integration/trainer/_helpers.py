@@ -33,5 +33,5 @@ def synthetic_trajectories(model: Any, n: int, seed: int = 0, version: int = 0, 
         reward = float(i % 2)
         last = segs[-1]
         segs[-1] = Segment("action", last.token_ids, last.logprobs, version, reward)
-        out.append(Trajectory(f"t{i}", "test", tuple(segs), reward, info={"sao_group": i // 2, "solved": bool(reward)}))
+        out.append(Trajectory(f"t{i}", "test", tuple(segs), reward, info={"solved": bool(reward)}, group_id=i // 2))
     return out
