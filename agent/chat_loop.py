@@ -9,17 +9,23 @@ messages.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Protocol
 
-from agent.engines.openai_chat import ChatReply, OpenAIChatModel
+from agent.engines.openai_chat import ChatReply
 from agent.engines.protocols import EngineError
-from agent.loop import AsyncEnv, env_id_of
+from agent.protocols import AsyncEnv, agent_ended, env_id_of
 from agent.records import Trajectory
+
+
+class ChatModel(Protocol):
+    """Messages in, one reply out (``OpenAIChatModel``, or a script replaying fixed replies)."""
+
+    async def chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> ChatReply: ...
 
 
 async def run_chat_episode(
     env: AsyncEnv,
-    model: OpenAIChatModel,
+    model: ChatModel,
     *,
     max_turns: int = 32,
     task_id: str | None = None,
@@ -35,7 +41,7 @@ async def run_chat_episode(
         [{"role": "system", "content": info["system_prompt"]}] if info.get("system_prompt") else []
     )
     messages.append({"role": "user", "content": obs})
-    status, reward, end_info, turns = "truncated", 0.0, dict(info), 0
+    status, reward, end_info, turns = "truncated", 0.0, dict[str, Any](info), 0
     for _ in range(max_turns):
         t0 = time.perf_counter()
         try:
@@ -67,6 +73,11 @@ async def run_chat_episode(
             messages.append({"role": "user", "content": obs})
     else:
         end_info["truncation_reason"] = "max_turns"
+        extra, grade_info = await agent_ended(env, "max_turns")
+        reward += extra
+        end_info.update(grade_info)
+        if grade_info.get("infra_error"):
+            status = "infra_error"
     timings["total_s"] = time.perf_counter() - t_start
     end_info.update(messages=messages, turns=turns)
     tid = task_id or str(info.get("task_id", "unknown"))

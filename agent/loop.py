@@ -1,30 +1,30 @@
 """The episode loop: env + engine + tokenizer -> a token-exact Trajectory (prompt / action / observation segments).
 
 Reward placement: each action segment carries the reward of the env step it caused (``Segment.reward``);
-``Trajectory.reward`` is their sum (for outcome-reward envs: the final reward, on the last action).
+``Trajectory.reward`` is their sum (for outcome-reward envs: the final reward, on the last action). When the
+agent's own limit (context length, turn cap) ends a running episode, the env grades what exists (``aend``) and
+that reward lands on the last action segment.
 The last observation (after the env ended the episode) is never shown to the model, so it is not a segment;
 its text is kept in ``info["final_observation"]``.
+
+Render drift: with ``check_render=True`` the loop renders the whole conversation afresh with the chat template at
+the end and compares it with the token ids the model actually saw; ``info["render_drift"]`` is the fraction of
+positions that differ (0.0: identical) and ``info["render_drift_at"]`` the first differing position (-1: none).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from agent.chat import ChatRenderer
 from agent.engines.protocols import Engine, EngineError, SamplingParams
+from agent.protocols import AsyncEnv, agent_ended, env_id_of
 from agent.records import Segment, Trajectory
 
-
-class AsyncEnv(Protocol):
-    """What the loop needs from an env (the SAO envs' async Gymnasium API)."""
-
-    async def areset(
-        self, *, seed: int | None = None, options: dict[str, Any] | None = None
-    ) -> tuple[str, dict[str, Any]]: ...
-
-    async def astep(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]: ...
+__all__ = ["AgentConfig", "AsyncEnv", "env_id_of", "render_drift", "run_episode"]
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,7 @@ class AgentConfig:
     max_turns: int = 32
     temperature: float = 1.0
     top_p: float = 1.0
+    top_k: int = 0
     tool_role: str = "auto"
 
     def __post_init__(self) -> None:
@@ -58,9 +59,15 @@ class _EndEpisode(Exception):
         self.status, self.reason = status, reason
 
 
-def env_id_of(env: Any) -> str:
-    spec = getattr(env, "spec", None)
-    return str(getattr(spec, "id", None) or type(env).__name__)
+def render_drift(seen: list[int], fresh: list[int]) -> tuple[float, int]:
+    """(fraction of positions where ``seen`` and ``fresh`` differ, over the longer; first differing index or -1)."""
+    n = max(len(seen), len(fresh))
+    if n == 0:
+        return 0.0, -1
+    diff = [i for i in range(min(len(seen), len(fresh))) if seen[i] != fresh[i]]
+    diff_n = len(diff) + abs(len(seen) - len(fresh))
+    first = diff[0] if diff else (min(len(seen), len(fresh)) if len(seen) != len(fresh) else -1)
+    return diff_n / n, first
 
 
 async def run_episode(
@@ -72,8 +79,9 @@ async def run_episode(
     task_id: str | None = None,
     seed: int | None = None,
     options: dict[str, Any] | None = None,
+    check_render: bool = False,
 ) -> Trajectory:
-    """Play one episode. Env exceptions propagate (the rollout worker records them as infra errors)."""
+    """Play one episode. Env exceptions propagate (the episode runner records them as infra errors)."""
     chat = ChatRenderer(tokenizer, cfg.tool_role)
     timings = {"engine_s": 0.0, "env_s": 0.0, "total_s": 0.0}
     turns = 0
@@ -82,39 +90,46 @@ async def run_episode(
     timings["env_s"] += time.perf_counter() - t_start
     task_id = task_id or str(info.get("task_id", "unknown"))
     tools = info.get("tools") or None
-    ids = chat.render_prompt(chat.initial_messages(info.get("system_prompt"), obs, tools), tools)
+    messages = chat.initial_messages(info.get("system_prompt"), obs, tools)
+    ids = chat.render_prompt(messages, tools)
     segments = [Segment("prompt", tuple(ids))]
-    total_reward, status, end_info = 0.0, "ok", dict(info)
+    status, end_info = "ok", dict[str, Any](info)
     stop_ids = tuple(chat.stop_token_ids())
+    seen_before_last: list[int] = list(ids)
+    messages_before_last = list(messages)
     try:
         for _turn in range(cfg.max_turns):
             room = cfg.max_context_tokens - len(ids)
             if room < 1:
                 raise _EndEpisode("truncated", "context_length")
-            sp = SamplingParams(min(cfg.max_action_tokens, room), cfg.temperature, cfg.top_p, (), stop_ids)
+            n_max = min(cfg.max_action_tokens, room)
+            sp = SamplingParams(n_max, cfg.temperature, cfg.top_p, (), stop_ids, top_k=cfg.top_k)
             t0 = time.perf_counter()
             try:
                 gen = await engine.generate(ids, sp)
             except EngineError as e:
                 raise _EndEpisode("infra_error", f"engine: {e}") from e
             t1 = time.perf_counter()
-            obs, reward, terminated, truncated, step_info = await env.astep(chat.action_text(list(gen.token_ids)))
+            action = chat.action_text(list(gen.token_ids))
+            obs, reward, terminated, truncated, step_info = await env.astep(action)
             timings["engine_s"] += t1 - t0
             timings["env_s"] += time.perf_counter() - t1
             turns += 1
             segments.append(Segment("action", gen.token_ids, gen.logprobs, gen.version, float(reward)))
+            seen_before_last, messages_before_last = list(ids), list(messages)
             ids = ids + list(gen.token_ids)
-            total_reward += float(reward)
+            messages.append({"role": "assistant", "content": action})
             end_info.update(step_info)
             if step_info.get("infra_error"):
                 raise _EndEpisode("infra_error", str(step_info["infra_error"]))
             if terminated or truncated:
                 end_info["final_observation"] = obs
                 raise _EndEpisode("ok" if terminated else "truncated", "env")
-            role = str(step_info.get("role", "user"))
-            obs_ids = chat.render_after_action(list(gen.token_ids), chat.message(role, obs))
+            message = chat.message(str(step_info.get("role", "user")), obs)
+            obs_ids = chat.render_after_action(list(gen.token_ids), message)
             segments.append(Segment("observation", tuple(obs_ids)))
             ids = ids + obs_ids
+            messages.append(message)
             if len(ids) >= cfg.max_context_tokens:
                 raise _EndEpisode("truncated", "context_length")
         raise _EndEpisode("truncated", "max_turns")
@@ -124,6 +139,28 @@ async def run_episode(
             end_info.setdefault("truncation_reason", end.reason)
         if status == "infra_error":
             end_info["infra_error"] = end.reason
+        elif end.reason != "env":
+            segments = await _grade_agent_end(env, end.reason, segments, end_info)
+            status = "infra_error" if end_info.get("infra_error") else status
     timings["total_s"] = time.perf_counter() - t_start
     end_info["turns"] = turns
-    return Trajectory(task_id, env_id_of(env), tuple(segments), total_reward, status, end_info, timings)  # type: ignore[arg-type]
+    if check_render:
+        # The conversation up to the last action's prompt, rendered at once vs what the model was given.
+        fresh = chat.render_full(messages_before_last, tools)
+        end_info["render_drift"], end_info["render_drift_at"] = render_drift(seen_before_last, fresh)
+    reward = sum(s.reward or 0.0 for s in segments)
+    return Trajectory(task_id, env_id_of(env), tuple(segments), reward, status, end_info, timings)  # type: ignore[arg-type]
+
+
+async def _grade_agent_end(
+    env: AsyncEnv, reason: str, segments: list[Segment], end_info: dict[str, Any]
+) -> list[Segment]:
+    """The agent's limit ended a running episode: the env grades what exists; its reward joins the last action."""
+    reward, info = await agent_ended(env, reason)
+    end_info.update(info)
+    actions = [i for i, s in enumerate(segments) if s.kind == "action"]
+    if reward and actions:
+        last = segments[actions[-1]]
+        segments = list(segments)
+        segments[actions[-1]] = dataclasses.replace(last, reward=(last.reward or 0.0) + reward)
+    return segments

@@ -1,48 +1,154 @@
-"""RolloutWorker: many episodes at once, each finished trajectory streamed to a callback and appended to JSONL.
+"""The one episode runner: env factory + player -> trajectories, for training, evaluation and ``sao collect``.
 
-Usage (the trainer's view)::
+Usage::
 
-    worker = RolloutWorker(env_factory, engine, tokenizer, RolloutConfig(concurrency=16), out_path="traj.jsonl")
-    stats = await worker.run(tasks, on_trajectory=buffer.put)   # tasks: any (async) iterable, may be endless
-    worker.pause(); worker.resume(); worker.stop()               # backpressure / shutdown from the trainer
+    runner = EpisodeRunner(env_factory, TokenPlayer(engine, tokenizer, AgentConfig()), RunnerConfig(concurrency=16),
+                           out_path="trajectories.jsonl")
+    stats = await runner.run(episodes_of(tasks), on_trajectory=buffer.put)   # any (async) iterable, may be endless
+    runner.pause(); runner.resume(); runner.stop()                           # backpressure / shutdown
 
-Each task is given to a fresh env from ``env_factory()`` as ``areset(seed=..., options={"task": task})``; the
-env is closed afterwards. At most ``concurrency`` episodes run at once; ``pause()`` stops new episodes from
-starting (running ones finish). An episode that raises becomes an ``infra_error`` trajectory with the error in
-``info`` (the run goes on). Trajectories are written to ``out_path`` (fsynced) before the callback sees them.
+    async with runner:                                   # a caller with its own scheduler (the trainer)
+        traj = await runner.run_one(Episode(index=7, task=task, seed=7))
+
+``run_one`` is the single place an episode is played: a fresh env from ``env_factory()``, reset with
+``options={"task": task}`` (or, with no task, the env's own seeded sampler), played by the ``Player`` (a token
+engine: ``TokenPlayer``; a chat endpoint or a script: ``ChatPlayer``), then closed (``agent.protocols.close_env``).
+It never raises for one episode: an exception becomes ``infra_error_trajectory(...)``, the one constructor of
+such records. ``run`` bounds the episodes in flight with an ``asyncio_pool.AioPool`` of ``concurrency`` slots,
+writes each finished trajectory to ``out_path`` (fsynced) and then hands it to the callback, in finishing order.
+While the runner is open (``async with runner`` or inside ``run``) Docker sandboxes of its envs come from warm
+pools sized by ``concurrency`` (``sandboxes.pool.warm_pools``); leaving removes every container they hold.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import time
 import traceback
-from collections.abc import AsyncIterable, Awaitable, Callable, Iterable, Sized
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable, Sized
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
+from agent.chat_loop import ChatModel, run_chat_episode
 from agent.engines.protocols import Engine
-from agent.loop import AgentConfig, AsyncEnv, env_id_of, run_episode
+from agent.loop import AgentConfig, run_episode
+from agent.protocols import AsyncEnv, close_env, env_id_of
 from agent.records import Trajectory, write_jsonl
 
 OnTrajectory = Callable[[Trajectory], Awaitable[None] | None] | asyncio.Queue[Trajectory]
 
 
 @dataclass(frozen=True)
-class RolloutConfig:
-    """``concurrency``: episodes in flight. ``seed``: episode i is reset with ``seed + i`` (None: unseeded).
-    ``progress``: show a progress bar."""
+class Episode:
+    """One episode to play: ``task`` (a task record, or ``None`` for the env's own seeded draw), the reset
+    ``seed``, and ``index`` (its position in the stream; also names the task when the record has no id)."""
+
+    index: int
+    task: Any = None
+    seed: int | None = None
+    task_id: str | None = None
+
+    @property
+    def options(self) -> dict[str, Any] | None:
+        return None if self.task is None else {"task": self.task}
+
+
+def task_id_of(task: Any, index: int) -> str:
+    """A task record's id (``task_id``, ``instance_id`` or ``id``), else ``task-<index>``."""
+    if isinstance(task, dict):
+        for key in ("task_id", "instance_id", "id"):
+            if task.get(key) not in (None, ""):
+                return str(task[key])
+    return str(getattr(task, "task_id", None) or f"task-{index}")
+
+
+def env_factory(env_id: str, kwargs: dict[str, Any] | None = None) -> Callable[[], Any]:
+    """A zero-argument maker of fresh ``env_id`` envs (registered ``sao/`` ids, plugin envs, ``module:id``)."""
+    import gymnasium
+
+    from envs.registration import load_plugin_envs, resolve_env_id
+
+    load_plugin_envs()
+    name, kw = resolve_env_id(env_id), dict(kwargs or {})
+    return lambda: gymnasium.make(name, **kw).unwrapped
+
+
+def episodes_of(tasks: Iterable[Any], *, seed: int | None = 0, samples: int = 1) -> list[Episode]:
+    """Episodes for task records: ``samples`` per task, episode i reset with ``seed + i`` (``None``: unseeded)."""
+    out: list[Episode] = []
+    for task in tasks:
+        for _ in range(samples):
+            i = len(out)
+            out.append(Episode(i, task, None if seed is None else seed + i, task_id_of(task, i)))
+    return out
+
+
+def infra_error_trajectory(
+    task_id: str, env_id: str, error: BaseException | str, *, wall_s: float = 0.0, with_traceback: bool = True
+) -> Trajectory:
+    """The record of an episode the infrastructure failed (never trained on, counted apart)."""
+    message = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
+    info: dict[str, Any] = {"infra_error": message}
+    if with_traceback and isinstance(error, BaseException):
+        info["traceback"] = "".join(traceback.format_exception(error, limit=8))
+    return Trajectory(task_id, env_id, (), 0.0, "infra_error", info, {"total_s": wall_s})
+
+
+class Player(Protocol):
+    """Plays one episode of a freshly made env (not closed by the player)."""
+
+    async def play(self, env: AsyncEnv, episode: Episode) -> Trajectory: ...
+
+
+@dataclass
+class TokenPlayer:
+    """A token-in/token-out engine (vLLM, HF, scripted, solver) through ``agent.loop.run_episode``.
+
+    ``render_check_every``: every N-th episode (by index) is checked for render drift (0: never)."""
+
+    engine: Engine
+    tokenizer: Any
+    cfg: AgentConfig = field(default_factory=AgentConfig)
+    render_check_every: int = 0
+
+    async def play(self, env: AsyncEnv, episode: Episode) -> Trajectory:
+        check = self.render_check_every > 0 and episode.index % self.render_check_every == 0
+        return await run_episode(
+            env, self.engine, self.tokenizer, self.cfg, task_id=episode.task_id, seed=episode.seed,
+            options=episode.options, check_render=check,
+        )  # fmt: skip
+
+
+@dataclass
+class ChatPlayer:
+    """A chat model (``OpenAIChatModel``) or, with ``per_task``, a model made per task id (a script)."""
+
+    model: ChatModel | None = None
+    per_task: Callable[[str], ChatModel] | None = None
+    max_turns: int = 32
+
+    async def play(self, env: AsyncEnv, episode: Episode) -> Trajectory:
+        model = self.per_task(episode.task_id or "") if self.per_task is not None else self.model
+        if model is None:
+            raise ValueError("ChatPlayer needs a model or a per_task factory")
+        return await run_chat_episode(
+            env, model, max_turns=self.max_turns, task_id=episode.task_id, seed=episode.seed, options=episode.options
+        )
+
+
+@dataclass(frozen=True)
+class RunnerConfig:
+    """``concurrency``: episodes in flight (and idle warm containers per sandbox image). ``progress``: a bar."""
 
     concurrency: int = 8
-    seed: int | None = 0
     progress: bool = True
-    agent: AgentConfig = field(default_factory=AgentConfig)
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
-            raise ValueError(f"RolloutConfig.concurrency must be >= 1, got {self.concurrency}")
+            raise ValueError(f"concurrency must be >= 1, got {self.concurrency}")
 
 
 @dataclass
@@ -69,44 +175,56 @@ class RolloutStats:
         return (self.episode_s - self.engine_s - self.env_s) / self.episode_s if self.episode_s else 0.0
 
 
-def task_id_of(task: Any, index: int) -> str:
-    if isinstance(task, dict):
-        for key in ("task_id", "instance_id", "id"):
-            if task.get(key) is not None:
-                return str(task[key])
-    return str(getattr(task, "task_id", None) or f"task-{index}")
-
-
-async def _aiter(tasks: Iterable[Any] | AsyncIterable[Any]) -> Any:
-    if isinstance(tasks, AsyncIterable):
-        async for t in tasks:
-            yield t
+async def _aiter(items: Iterable[Any] | AsyncIterable[Any]) -> AsyncIterator[Any]:
+    if isinstance(items, AsyncIterable):
+        async for x in items:
+            yield x
     else:
-        for t in tasks:
-            yield t
+        for x in items:
+            yield x
 
 
-class RolloutWorker:
-    """Runs episodes of ``env_factory()`` envs against one engine (see module doc)."""
+class EpisodeRunner:
+    """Plays episodes of ``env_factory()`` envs with one player (see the module docstring)."""
 
     def __init__(
         self,
-        env_factory: Callable[[], AsyncEnv],
-        engine: Engine,
-        tokenizer: Any,
-        cfg: RolloutConfig | None = None,
+        env_factory: Callable[[], Any],
+        player: Player,
+        cfg: RunnerConfig | None = None,
         *,
         out_path: str | Path | None = None,
     ) -> None:
-        self.env_factory, self.engine, self.tokenizer = env_factory, engine, tokenizer
-        self.cfg = cfg or RolloutConfig()
+        self.env_factory, self.player = env_factory, player
+        self.cfg = cfg or RunnerConfig()
         self.out_path = Path(out_path) if out_path else None
+        self.stats = RolloutStats()
         self._running = asyncio.Event()
         self._running.set()
         self._stopped = False
-        self.stats = RolloutStats()
         self._emit_lock = asyncio.Lock()  # one writer at a time: whole lines, same order on disk and in the callback
+        self._pools: contextlib.AsyncExitStack | None = None
+        self._opened = 0
 
+    # ---- lifetime of the warm sandbox pools ---------------------------------------------------------------
+    async def __aenter__(self) -> EpisodeRunner:
+        if self._opened == 0:
+            from sandboxes.pool import warm_pools
+
+            stack = contextlib.AsyncExitStack()
+            await stack.enter_async_context(warm_pools(self.cfg.concurrency))
+            self._pools = stack
+        self._opened += 1
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._opened -= 1
+        if self._opened == 0:
+            stack, self._pools = self._pools, None
+            if stack is not None:
+                await stack.aclose()
+
+    # ---- control ------------------------------------------------------------------------------------------
     def pause(self) -> None:
         """Start no new episode until ``resume()`` (episodes in flight finish)."""
         self._running.clear()
@@ -115,29 +233,28 @@ class RolloutWorker:
         self._running.set()
 
     def stop(self) -> None:
-        """Take no more tasks; ``run`` returns once the episodes in flight are done."""
+        """Take no more episodes; ``run`` returns once the episodes in flight are done."""
         self._stopped = True
         self._running.set()
 
-    async def run_one(self, task: Any, index: int) -> Trajectory:
-        """One episode; never raises (an exception becomes an infra_error trajectory)."""
+    # ---- one episode --------------------------------------------------------------------------------------
+    async def run_one(self, episode: Episode) -> Trajectory:
+        """Play one episode in a fresh env and close it; never raises (a failure is an infra_error record)."""
         t0 = time.perf_counter()
         env: Any = None
-        task_id = task_id_of(task, index)
+        task_id = episode.task_id or task_id_of(episode.task, episode.index)
+        if episode.task_id is None:
+            episode = Episode(episode.index, episode.task, episode.seed, task_id)
         try:
             env = self.env_factory()
-            seed = None if self.cfg.seed is None else self.cfg.seed + index
-            return await run_episode(
-                env, self.engine, self.tokenizer, self.cfg.agent, task_id=task_id, seed=seed, options={"task": task}
-            )
+            return await self.player.play(env, episode)
         except Exception as e:  # any failure of one episode must not end the run
-            info = {"infra_error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc(limit=8)}
-            wall = time.perf_counter() - t0
-            return Trajectory(task_id, env_id_of(env), (), 0.0, "infra_error", info, {"total_s": wall})
+            return infra_error_trajectory(task_id, env_id_of(env) if env is not None else "unknown", e,
+                                          wall_s=time.perf_counter() - t0)  # fmt: skip
         finally:
-            if env is not None:
-                await _close(env)
+            await close_env(env)
 
+    # ---- many episodes ------------------------------------------------------------------------------------
     async def _emit(self, traj: Trajectory, on_trajectory: OnTrajectory | None) -> None:
         async with self._emit_lock:
             if self.out_path is not None:
@@ -152,76 +269,62 @@ class RolloutWorker:
 
     async def run(
         self,
-        tasks: Iterable[Any] | AsyncIterable[Any],
+        episodes: Iterable[Episode] | AsyncIterable[Episode],
         on_trajectory: OnTrajectory | None = None,
         total: int | None = None,
     ) -> RolloutStats:
-        """Run every task (until exhausted or ``stop()``); return the stats of this worker so far."""
+        """Play every episode (until exhausted or ``stop()``); return this runner's stats so far.
+
+        A failing callback or file write stops the run and is raised once the episodes in flight are done."""
+        from asyncio_pool import AioPool
+
         if self.out_path is not None:
             self.out_path.parent.mkdir(parents=True, exist_ok=True)
-        if total is None and isinstance(tasks, Sized):
-            total = len(tasks)
-        slots = asyncio.Semaphore(self.cfg.concurrency)
-        in_flight: set[asyncio.Task[None]] = set()
+        if total is None and isinstance(episodes, Sized):
+            total = len(episodes)
         errors: list[BaseException] = []
         t_start = time.perf_counter()
-        with _progress(self.cfg.progress, total) as advance:
+        async with self, AioPool(size=self.cfg.concurrency) as pool, _progress(self.cfg.progress, total) as bar:
 
-            async def one(task: Any, index: int) -> None:
+            async def one(episode: Episode) -> None:
+                await self._running.wait()  # a pause holds episodes that got a slot but have not started
+                if self._stopped:
+                    return
+                traj = await self.run_one(episode)
                 try:
-                    traj = await self.run_one(task, index)
                     await self._emit(traj, on_trajectory)
-                    advance(traj)
-                except BaseException as e:  # a failing callback or file write: stop the run, re-raise below
+                    bar(traj)
+                except BaseException as e:
                     errors.append(e)
                     self.stop()
-                finally:
-                    slots.release()
 
-            index = 0
-            async for task in _aiter(tasks):
-                await slots.acquire()
-                await self._running.wait()  # after the slot: a pause during the wait still holds new starts
+            async for episode in _aiter(episodes):
+                await self._running.wait()
                 if self._stopped:
-                    slots.release()
                     break
-                t = asyncio.create_task(one(task, index))
-                in_flight.add(t)
-                t.add_done_callback(in_flight.discard)
-                index += 1
-            if in_flight:
-                await asyncio.gather(*in_flight)
+                await pool.spawn(one(episode))  # waits for a free slot
         self.stats.wall_s += time.perf_counter() - t_start
         if errors:
             raise errors[0]
         return self.stats
 
 
-async def _close(env: Any) -> None:
-    try:
-        if hasattr(env, "aclose"):
-            await env.aclose()
-        elif hasattr(env, "close"):
-            env.close()
-    except Exception:  # a failing close must not turn a finished episode into an error
-        pass
-
-
-class _progress:
-    """A rich progress bar (or nothing) whose ``advance(traj)`` shows the mean reward so far."""
+class _progress(contextlib.AbstractAsyncContextManager["Callable[[Trajectory], None]"]):
+    """A rich progress bar (or nothing) whose ``advance(traj)`` shows the mean reward and the infra errors."""
 
     def __init__(self, enabled: bool, total: int | None) -> None:
         self.enabled, self.total = enabled, total
-        self.n, self.reward = 0, 0.0
+        self.n, self.reward, self.infra = 0, 0.0, 0
 
-    def __enter__(self) -> Callable[[Trajectory], None]:
+    async def __aenter__(self) -> Callable[[Trajectory], None]:
         if not self.enabled:
             return lambda t: None
+        from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
         self.bar = Progress(
-            TextColumn("rollouts"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
-            TimeElapsedColumn(), transient=False,
+            TextColumn("episodes"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
+            TimeElapsedColumn(), console=Console(stderr=True),
         )  # fmt: skip
         self.bar.start()
         self.task = self.bar.add_task("", total=self.total)
@@ -229,10 +332,12 @@ class _progress:
         def advance(t: Trajectory) -> None:
             self.n += 1
             self.reward += t.reward
-            self.bar.update(self.task, advance=1, description=f"mean reward {self.reward / self.n:.3f}")
+            self.infra += t.status == "infra_error"
+            desc = f"mean reward {self.reward / self.n:.3f}" + (f", infra errors {self.infra}" if self.infra else "")
+            self.bar.update(self.task, advance=1, description=desc)
 
         return advance
 
-    def __exit__(self, *exc: object) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         if self.enabled:
             self.bar.stop()

@@ -3,7 +3,7 @@
 Throughput: at each concurrency C, C requests (different short chat prompts, sampling at temperature 1,
 ``max_tokens`` each, stopping at EOS) are sent at once; tokens/s = sampled tokens / wall time of the wave
 (a warm-up request runs first). Agent overhead: ``episodes`` TokenGame episodes (no sandbox) through the
-RolloutWorker; overhead = (episode wall - time waiting for the engine - time in the env) / episode wall,
+EpisodeRunner; overhead = (episode wall - time waiting for the engine - time in the env) / episode wall,
 summed over episodes. Writes ``bench_engine.json`` and ``bench_engine.png`` to ``out`` and prints a table.
 """
 
@@ -88,14 +88,12 @@ async def throughput(
 
 async def agent_overhead(engine: Any, tok: Any, name: str, cfg: EngineBenchConfig) -> dict[str, Any]:
     from agent.loop import AgentConfig
-    from agent.rollout import RolloutConfig, RolloutWorker
+    from agent.rollout import EpisodeRunner, RunnerConfig, TokenPlayer, episodes_of
     from envs.token_game import TokenGameEnv
 
-    rcfg = RolloutConfig(
-        concurrency=cfg.episode_concurrency, progress=False, agent=AgentConfig(max_action_tokens=8, temperature=1.0)
-    )
-    worker = RolloutWorker(lambda: TokenGameEnv(turns=3), engine, tok, rcfg)
-    stats = await worker.run([{"sequence": list("ABC")} for _ in range(cfg.episodes)])
+    player = TokenPlayer(engine, tok, AgentConfig(max_action_tokens=8, temperature=1.0))
+    worker = EpisodeRunner(lambda: TokenGameEnv(turns=3), player, RunnerConfig(cfg.episode_concurrency, progress=False))
+    stats = await worker.run(episodes_of([{"sequence": list("ABC")} for _ in range(cfg.episodes)]))
     return {
         "engine": name,
         "episodes": stats.episodes,

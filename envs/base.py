@@ -8,7 +8,9 @@ Two layers, both meant to be subclassed in a few lines:
 - ``async take_turn(action) -> Turn`` (what one assistant message did);
 and optionally ``async end_episode()`` (release per-episode resources; called when an episode ends, on the next
 reset and on close), ``async on_truncation(reason) -> Grade | None`` (grade what exists when a limit ends the
-episode, e.g. the SWE env diffs the repo on the step limit), ``system_prompt()`` and ``tool_schemas()``.
+episode, e.g. the SWE env diffs the repo on the step limit; also called by ``aend`` when the agent's own context
+or turn cap ends it), ``system_prompt()`` and ``tool_schemas()``. ``info`` is typed: ``envs.protocols.ResetInfo``
+and ``StepInfo``.
 
 ``ToolEnv`` (a tool-calling env) implements ``take_turn``: it parses the action with
 ``envs.tools.parsing.parse_action``, runs the named tool, and on ``submit`` calls ``grade``. Its hooks:
@@ -40,12 +42,12 @@ import copy
 import time
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import gymnasium as gym
 import numpy as np
 
-from envs.protocols import FormatError, Tool, ToolCall
+from envs.protocols import FormatError, ResetInfo, StepInfo, Tool, ToolCall, TruncationReason
 from envs.spaces import UnicodeText
 from sandboxes.protocols import SandboxError
 
@@ -146,9 +148,7 @@ class MultiTurnEnv(gym.Env[str, str]):
         return []
 
     # ---- async API ----------------------------------------------------------------------------------------
-    async def areset(
-        self, *, seed: int | None = None, options: dict[str, Any] | None = None
-    ) -> tuple[str, dict[str, Any]]:
+    async def areset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, ResetInfo]:
         """Start an episode on ``options["task"]`` or on a task drawn with the (re)seeded generator."""
         gym.Env.reset(self, seed=seed)
         await self._finish()
@@ -159,15 +159,11 @@ class MultiTurnEnv(gym.Env[str, str]):
         self._t0 = time.monotonic()
         obs, extra = await self.start_episode(task)
         self._active = True
-        info: dict[str, Any] = {
-            "role": "user",
-            "system_prompt": self.system_prompt(),
-            "tools": copy.deepcopy(self.tool_schemas()),
-        }
-        info.update(extra)
+        info = ResetInfo(role="user", system_prompt=self.system_prompt(), tools=copy.deepcopy(self.tool_schemas()))
+        info.update(cast(ResetInfo, extra))
         return cap_text(obs, self.max_obs_chars), info
 
-    async def astep(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+    async def astep(self, action: str) -> tuple[str, float, bool, bool, StepInfo]:
         """One assistant message -> (observation, reward, terminated, truncated, info)."""
         if not self._active:
             raise RuntimeError(f"{type(self).__name__}.step called with no running episode: call reset() first")
@@ -175,7 +171,7 @@ class MultiTurnEnv(gym.Env[str, str]):
             raise TypeError(f"actions are the assistant's text (str), got {type(action).__name__}")
         self._steps += 1
         remaining = self.max_wall_s - (time.monotonic() - self._t0)
-        reason: str | None = None
+        reason: TruncationReason | None = None
         try:
             if remaining <= 0:
                 raise TimeoutError
@@ -185,10 +181,10 @@ class MultiTurnEnv(gym.Env[str, str]):
             reason = "time_limit"
         except SandboxError as e:
             await self._finish()
-            failed = {"role": "user", "infra_error": f"{type(e).__name__}: {e}", "format_error": False, "solved": False}
+            failed = StepInfo(role="user", infra_error=f"{type(e).__name__}: {e}", format_error=False, solved=False)
             return "", 0.0, False, True, failed
-        info: dict[str, Any] = {"role": turn.role, "format_error": turn.format_error, "step": self._steps}
-        info.update(turn.info)
+        info = StepInfo(role=turn.role, format_error=turn.format_error, step=self._steps)
+        info.update(cast(StepInfo, turn.info))
         self._format_errors = self._format_errors + 1 if turn.format_error else 0
         reward, terminated = float(turn.reward), bool(turn.terminated)
         if not terminated and reason is None:
@@ -199,10 +195,10 @@ class MultiTurnEnv(gym.Env[str, str]):
             elif time.monotonic() - self._t0 >= self.max_wall_s:
                 reason = "time_limit"
         truncated = reason is not None
-        if truncated:
+        if reason is not None:
             info["truncation_reason"] = reason
             try:
-                grade = await self.on_truncation(str(reason))
+                grade = await self.on_truncation(reason)
             except SandboxError as e:
                 await self._finish()
                 info["infra_error"] = f"{type(e).__name__}: {e}"
@@ -215,6 +211,26 @@ class MultiTurnEnv(gym.Env[str, str]):
             await self._finish()
         return cap_text(turn.observation, self.max_obs_chars), reward, terminated, truncated, info
 
+    async def aend(self, reason: str) -> tuple[float, StepInfo]:
+        """The agent ended a running episode (its context or turn cap): grade what exists, as a limit would.
+
+        Returns the grade's reward and info (``{}`` and 0.0 when no episode runs). A ``SandboxError`` while
+        grading is reported as ``info["infra_error"]``."""
+        if not self._active:
+            return 0.0, StepInfo()
+        info = StepInfo()
+        reward = 0.0
+        try:
+            grade = await self.on_truncation(reason)
+            if grade is not None:
+                reward = float(grade.reward)
+                info["report"], info["solved"] = grade.report, grade.solved
+        except SandboxError as e:
+            info["infra_error"] = f"{type(e).__name__}: {e}"
+        finally:
+            await self._finish()
+        return reward, info
+
     async def aclose(self) -> None:
         await self._finish()
 
@@ -225,10 +241,12 @@ class MultiTurnEnv(gym.Env[str, str]):
 
     # ---- sync API (Gymnasium) -----------------------------------------------------------------------------
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
-        return self._run(self.areset(seed=seed, options=options))
+        obs, info = self._run(self.areset(seed=seed, options=options))
+        return obs, dict(info)
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        return self._run(self.astep(action))
+        obs, reward, terminated, truncated, info = self._run(self.astep(action))
+        return obs, reward, terminated, truncated, dict(info)
 
     def close(self) -> None:
         if self._loop is not None and not self._loop.is_closed():

@@ -7,16 +7,50 @@ Conventions every SAO env follows (the agent relies on them):
 - An observation is the text of the next message the model will see; ``info["role"]`` says which chat role
   carries it ("tool" for tool results, "user" otherwise). ``reset`` returns the task statement as a "user" message
   and ``info["system_prompt"]`` and ``info["tools"]`` (JSON schemas) for the first render.
-- ``info`` keys: ``role``, ``tool_name``, ``exit_code``, ``timings`` (seconds), ``infra_error`` (str, when the
-  infrastructure failed; the episode then ends with ``truncated=True`` and the agent marks it infra_error),
-  ``format_error`` (bool), ``truncation_reason`` ("step_limit" | "time_limit" | "format_errors"), and at the end
-  ``report`` (grading details) and ``solved`` (bool).
+- ``info`` is typed: ``ResetInfo`` for ``reset`` and ``StepInfo`` for ``step`` (``TypedDict``s, so Gymnasium
+  still sees a dict). An env may add keys of its own (e.g. ``turn_correct``); the agent reads only the typed ones.
+  ``infra_error`` (str) means the infrastructure failed: the episode ends with ``truncated=True`` and the agent
+  marks the trajectory infra_error. The reward of each step is the step's return value; the agent records it on
+  the action segment that earned it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, TypedDict, runtime_checkable
+
+TruncationReason = Literal["step_limit", "time_limit", "format_errors", "context_length", "max_turns"]
+
+
+class ResetInfo(TypedDict, total=False):
+    """What ``reset`` tells the agent for the first render."""
+
+    role: str  #: chat role of the first observation ("user")
+    system_prompt: str
+    tools: list[dict[str, Any]]  #: OpenAI-style function schemas
+    task_id: str
+
+
+class StepInfo(TypedDict, total=False):
+    """The env -> agent record of one step (every key optional; absent means "not applicable").
+
+    ``role``: chat role that carries the observation ("tool" for tool results, else "user"). ``format_error``: the
+    action could not be parsed. ``infra_error``: the infrastructure failed (the episode ends, never trained on).
+    ``truncation_reason``: which limit ended the episode. ``solved`` and ``report``: the grade, at the end.
+    ``tool_name``, ``exit_code``, ``tool_error``, ``timings`` (seconds), ``step`` (1-based): what the turn did.
+    """
+
+    role: str
+    format_error: bool
+    infra_error: str
+    truncation_reason: TruncationReason
+    solved: bool
+    report: dict[str, Any]
+    tool_name: str
+    exit_code: int | None
+    tool_error: bool
+    timings: dict[str, float]
+    step: int
 
 
 class FormatError(ValueError):

@@ -13,6 +13,14 @@ and with ``per_host_limit`` all pools of this process on the same Docker host to
 containers (idle, starting, leased). A container that cannot be started is reported to the waiting
 ``acquire()`` as its exception (e.g. ``ImageNotFoundError``), and the pool retries after a short back-off.
 The first pool of a process on a Docker host also runs ``reap_orphans()`` (containers of dead owners).
+
+Envs do not hold pools themselves: they call ``acquire_sandbox(cfg)``. Inside ``async with warm_pools(size)``
+(what the agent's episode runner opens, sized from its concurrency) that takes a container from a ``WarmPool``
+keyed by the sandbox config (image, limits), made on first use; a config asked for a second time is kept warm
+with ``size`` idle containers (so a set of one-off images, e.g. SWE-bench instances each seen once, never starts
+containers nobody uses), and only the ``max_warm`` most recently used configs keep idle containers. Leaving the
+block removes every container of its pools. Outside such a block, and for bwrap, ``acquire_sandbox`` starts a
+sandbox cold.
 """
 
 from __future__ import annotations
@@ -21,11 +29,12 @@ import asyncio
 import contextlib
 import os
 import weakref
+from collections import OrderedDict
 from collections.abc import AsyncIterator
 
 from sandboxes.config import PoolConfig, SandboxConfig
 from sandboxes.docker import DockerSandbox, reap_orphans, run_blocking
-from sandboxes.protocols import SandboxError
+from sandboxes.protocols import Sandbox, SandboxError
 
 _HOST_LIMITS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[str, int], asyncio.Semaphore]] = (
     weakref.WeakKeyDictionary()
@@ -162,6 +171,18 @@ class WarmPool:
         finally:
             await sb.close()
 
+    async def resize(self, size: int) -> None:
+        """Keep ``size`` idle containers from now on; surplus idle ones are removed at once."""
+        self.pool.size = size
+        while self._idle.qsize() > size:
+            item = self._idle.get_nowait()
+            if isinstance(item, DockerSandbox):
+                with contextlib.suppress(SandboxError):
+                    await item.close()
+                if self._host is not None:
+                    self._host.release()
+        self._wake.set()
+
     async def aclose(self, drain_timeout: float = 30.0) -> None:
         """Stop refilling, remove idle containers, wait up to ``drain_timeout`` s for leased ones to be closed,
         then remove those still out."""
@@ -192,3 +213,92 @@ class WarmPool:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
+
+
+_ACTIVE: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, PoolSet] = weakref.WeakKeyDictionary()
+
+
+def _key(cfg: SandboxConfig) -> str:
+    return repr(cfg)  # every field: two configs share a pool only when their containers would be identical
+
+
+class PoolSet:
+    """Warm pools keyed by sandbox config for the envs of one episode runner (see the module docstring)."""
+
+    def __init__(self, size: int, *, max_warm: int = 4, start_parallelism: int = 4) -> None:
+        if size < 0 or max_warm < 1:
+            raise ValueError(f"PoolSet: need size >= 0 and max_warm >= 1, got size={size}, max_warm={max_warm}")
+        self.size, self.max_warm, self.start_parallelism = size, max_warm, start_parallelism
+        self._pools: OrderedDict[str, WarmPool] = OrderedDict()  # least recently used first
+        self._uses: dict[str, int] = {}
+        self._lock = asyncio.Lock()
+        self.stats = {"acquired": 0, "warm": 0}
+
+    @property
+    def pools(self) -> list[WarmPool]:
+        return list(self._pools.values())
+
+    async def acquire(self, cfg: SandboxConfig) -> Sandbox:
+        """A fresh sandbox for ``cfg``: from its warm pool (Docker), or started cold (bwrap)."""
+        if cfg.backend != "docker":
+            from sandboxes.factory import make_sandbox
+
+            return await make_sandbox(cfg)
+        key = _key(cfg)
+        async with self._lock:
+            pool = self._pools.get(key)
+            if pool is None:
+                limits = PoolConfig(size=0, max_concurrency=1 << 16, start_parallelism=self.start_parallelism)
+                pool = await WarmPool(cfg, limits).start()
+                self._pools[key] = pool
+            self._pools.move_to_end(key)
+            self._uses[key] = self._uses.get(key, 0) + 1
+            if self._uses[key] >= 2 and pool.pool.size != self.size:
+                await pool.resize(self.size)
+            for cold in list(self._pools.values())[: -self.max_warm]:
+                if cold.pool.size:
+                    await cold.resize(0)
+        self.stats["acquired"] += 1
+        self.stats["warm"] += pool.idle > 0
+        return await pool.acquire()
+
+    async def aclose(self) -> None:
+        """Remove every container of every pool (idle ones at once, leased ones after a short drain)."""
+        pools, self._pools = list(self._pools.values()), OrderedDict()
+        await asyncio.gather(*(p.aclose(drain_timeout=5.0) for p in pools), return_exceptions=True)
+
+
+@contextlib.asynccontextmanager
+async def warm_pools(size: int, *, max_warm: int = 4) -> AsyncIterator[PoolSet]:
+    """Make ``acquire_sandbox`` use warm pools on this event loop until the block ends (nested blocks share one)."""
+    loop = asyncio.get_running_loop()
+    outer = _ACTIVE.get(loop)
+    if outer is not None:
+        outer.size = max(outer.size, size)
+        yield outer
+        return
+    pools = PoolSet(size, max_warm=max_warm)
+    _ACTIVE[loop] = pools
+    try:
+        yield pools
+    finally:
+        _ACTIVE.pop(loop, None)
+        await pools.aclose()
+
+
+def active_pools() -> PoolSet | None:
+    """The ``warm_pools`` set open on the running event loop, if any."""
+    try:
+        return _ACTIVE.get(asyncio.get_running_loop())
+    except RuntimeError:
+        return None
+
+
+async def acquire_sandbox(cfg: SandboxConfig) -> Sandbox:
+    """A fresh sandbox for one episode: warm from the open ``warm_pools`` set, else started cold. Close it after."""
+    pools = active_pools()
+    if pools is not None:
+        return await pools.acquire(cfg)
+    from sandboxes.factory import make_sandbox
+
+    return await make_sandbox(cfg)

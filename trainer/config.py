@@ -157,6 +157,9 @@ class RolloutConfig:
     """Top-k sampling is not supported for training (same reason): keep 0 (off)."""
     max_turns: int = 8
     max_context_tokens: int = 2048
+    render_check_every: int = 8
+    """Every N-th episode re-renders its whole conversation with the chat template and records the share of token
+    positions that differ from what the model saw (``render_drift`` in the trajectory and the step metrics); 0: off."""
     action_vocab: list[str] = field(default_factory=list)
     """Restrict sampling (and the trained policy) to these words' tokens, e.g. ``[A, B, C]`` for the toy game with
     a random-init model; empty = the full vocabulary. Needs ``engine: hf``."""

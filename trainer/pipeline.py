@@ -6,20 +6,29 @@ stale a trajectory can get. ``next_batch`` hands out the next ``batch_size`` tra
 dropping (and recording) any whose oldest action segment is more than ``max_staleness`` versions behind.
 Group mode (GRPO): each task runs ``group_size`` times and a group enters the buffer only when all of it finished;
 ``synchronous=True`` (grpo) starts a batch's groups only after the previous batch was trained and synced.
-Infra-error trajectories are recorded and never enter the buffer.
+Infra-error trajectories are recorded and never enter the buffer. Episodes are played by the agent's one episode
+runner (``agent.rollout.EpisodeRunner.run_one``), which the coordinator keeps open (warm sandbox pools) while it runs.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import uuid
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
-from agent.records import Segment, Trajectory
+from agent.records import Trajectory
+from agent.rollout import Episode, infra_error_trajectory
 from trainer.ledger import Ledger
+
+
+class EpisodeSource(Protocol):
+    """What plays one episode (``agent.rollout.EpisodeRunner``); an async context manager if it holds resources."""
+
+    async def run_one(self, episode: Episode) -> Trajectory: ...
 
 
 @dataclass
@@ -57,7 +66,7 @@ class Coordinator:
 
     def __init__(
         self,
-        run_episode: Callable[[int, int, dict[str, Any] | None, str | None], Any],
+        runner: EpisodeSource,
         tasks: TaskSource,
         ledger: Ledger,
         *,
@@ -69,7 +78,7 @@ class Coordinator:
         cursor: int = 0,
         seq: int = 0,
     ) -> None:
-        self._run_episode = run_episode
+        self.runner = runner
         self.tasks, self.ledger = tasks, ledger
         self.concurrency, self.buffer_size, self.max_staleness = concurrency, buffer_size, max_staleness
         self.group_size, self.synchronous = group_size, synchronous
@@ -103,6 +112,12 @@ class Coordinator:
         return len(self.buffer) + self._in_flight + n <= max(self.buffer_size, n)
 
     async def _produce(self) -> None:
+        async with contextlib.AsyncExitStack() as stack:
+            if hasattr(self.runner, "__aenter__"):
+                await stack.enter_async_context(self.runner)  # type: ignore[arg-type]
+            await self._start_episodes()
+
+    async def _start_episodes(self) -> None:
         while True:
             while not self._room():
                 self._changed.clear()
@@ -120,20 +135,11 @@ class Coordinator:
 
     async def _one(self, index: int, seed: int, options: dict[str, Any] | None, task_id: str | None) -> Trajectory:
         self.counters.episodes_started += 1
+        task = None if options is None else options.get("task")
         try:
-            traj: Trajectory = await self._run_episode(index, seed, options, task_id)
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:  # the env/sandbox/engine failed: an infra error, never a reward
-            traj = Trajectory(
-                task_id or str(index),
-                "unknown",
-                (Segment("prompt", ()),),
-                0.0,
-                "infra_error",
-                info={"infra_error": f"{type(e).__name__}: {e}"},
-            )
-        return traj
+            return await self.runner.run_one(Episode(index, task, seed, task_id))
+        except Exception as e:  # the runner records episode failures itself; this guards a runner that raised
+            return infra_error_trajectory(task_id or str(index), "unknown", e)
 
     async def _group(self, index: int, seed: int, options: dict[str, Any] | None, task_id: str | None, n: int) -> None:
         try:
@@ -141,9 +147,7 @@ class Coordinator:
         finally:
             self._in_flight -= n
         for traj in trajs:
-            if n > 1:
-                traj.info["sao_group"] = index
-            self._accept(index, traj)
+            self._accept(index, dataclasses.replace(traj, group_id=index) if n > 1 else traj)
         self._changed.set()
 
     def _accept(self, index: int, traj: Trajectory) -> None:
@@ -201,12 +205,12 @@ class Coordinator:
         self.ledger.event([i.uid for i in items], "trained", step, self.version)
 
     async def stop(self) -> None:
-        for t in [self._main, *self._tasks]:
-            if t is not None:
-                t.cancel()
-        for t in [self._main, *self._tasks]:
-            if t is not None:
-                try:
-                    await t
-                except (asyncio.CancelledError, Exception):
-                    pass
+        """Cancel the episodes in flight (their envs close), then the producer (which closes the runner)."""
+        for group in (list(self._tasks), [self._main]):
+            for t in group:
+                if t is not None:
+                    t.cancel()
+            for t in group:
+                if t is not None:
+                    with contextlib.suppress(asyncio.CancelledError, Exception):
+                        await t

@@ -301,7 +301,8 @@ class Trainer:
 
     async def _setup(self) -> _Session:
         """Ledger and metrics (replayed on resume), the inference engine, and the coordinator, started."""
-        from agent.loop import AgentConfig, run_episode
+        from agent.loop import AgentConfig
+        from agent.rollout import EpisodeRunner, RunnerConfig, TokenPlayer, env_factory
 
         cfg, t, spec = self.cfg, self.cfg.trainer, self.cfg.algorithm
         ledger = Ledger(self.run_dir / "trajectories.jsonl")
@@ -319,26 +320,10 @@ class Trainer:
             max_turns=cfg.rollout.max_turns,
             temperature=cfg.rollout.temperature,
         )
-
-        async def episode(index: int, seed: int, options: dict[str, Any] | None, task_id: str | None) -> Any:
-            import gymnasium
-
-            import envs  # noqa: F401 - registers the sao/ envs
-
-            env: Any = gymnasium.make(cfg.env.id, **cfg.env.kwargs).unwrapped
-            try:
-                return await run_episode(
-                    env, engine, self.tokenizer, agent_cfg, task_id=task_id, seed=seed, options=options
-                )
-            finally:
-                closer = getattr(env, "aclose", None)
-                if closer is not None:
-                    await closer()
-                else:
-                    env.close()
-
+        player = TokenPlayer(engine, self.tokenizer, agent_cfg, render_check_every=cfg.rollout.render_check_every)
+        runner = EpisodeRunner(env_factory(cfg.env.id, cfg.env.kwargs), player, RunnerConfig(cfg.rollout.concurrency))
         coord = Coordinator(
-            episode,
+            runner,
             TaskSource(_load_tasks(cfg), cfg.run.seed),
             ledger,
             concurrency=cfg.rollout.concurrency,
@@ -448,6 +433,9 @@ class Trainer:
             "weight_sync_s": sync_s,
             "action_tokens_mean": float(np.mean([sum(len(s.token_ids) for s in tr.action_segments) for tr in trajs])),
         }
+        drift = [float(tr.info["render_drift"]) for tr in trajs if "render_drift" in tr.info]
+        if drift:  # agent token ids vs a fresh chat-template render (agent.loop); > 0 means the model saw drift
+            out["render_drift"] = float(np.mean(drift))
         out.update(m)
         return out
 

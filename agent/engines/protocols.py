@@ -12,7 +12,8 @@ class EngineError(RuntimeError):
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How to sample one action. ``temperature=0`` is greedy. ``stop`` strings end the action early."""
+    """How to sample one action. ``temperature=0`` is greedy. ``top_k=0`` keeps every token. ``stop`` strings end
+    the action early."""
 
     max_tokens: int = 256
     temperature: float = 1.0
@@ -20,12 +21,16 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     seed: int | None = None
+    top_k: int = 0
 
 
 @dataclass(frozen=True)
 class Generation:
-    """Sampled tokens with the logprob the engine computed for each (before temperature), the weights
-    version that produced them, and why sampling stopped ("stop" | "length")."""
+    """Sampled tokens, the weights version that produced them, and why sampling stopped ("stop" | "length").
+
+    ``logprobs`` are log-probabilities under the distribution the token was actually drawn from: logits divided by
+    the temperature, then top-k / top-p applied and renormalised. What a trainer recomputes (logits / T) equals
+    them when top_p = 1 and top_k = 0. Greedy sampling (temperature 0) reports the temperature-1 logprob."""
 
     token_ids: tuple[int, ...]
     logprobs: tuple[float, ...]

@@ -1,4 +1,4 @@
-"""RolloutWorker: concurrency bound, streaming to callback/queue/JSONL, crashes become infra_error, pause/stop."""
+"""EpisodeRunner: concurrency bound, streaming to callback/queue/JSONL, crashes become infra_error, pause/stop."""
 
 from __future__ import annotations
 
@@ -8,10 +8,23 @@ from pathlib import Path
 from agent_fakes import CharChatMLTokenizer, ScriptedEnv
 
 from agent.engines.scripted import ScriptedEngine
+from agent.loop import AgentConfig
 from agent.records import read_jsonl
-from agent.rollout import RolloutConfig, RolloutWorker
+from agent.rollout import Episode, EpisodeRunner, RunnerConfig, TokenPlayer, episodes_of
 
 TOK = CharChatMLTokenizer()
+
+
+def runner(factory, engine, concurrency: int, **kw) -> EpisodeRunner:  # type: ignore[no-untyped-def]
+    player = TokenPlayer(engine, TOK, AgentConfig())
+    return EpisodeRunner(factory, player, RunnerConfig(concurrency, progress=False), **kw)
+
+
+def endless_episodes():  # type: ignore[no-untyped-def]
+    i = 0
+    while True:
+        yield Episode(i, seed=i)
+        i += 1
 
 
 def two_turn_env(fail: bool = False) -> ScriptedEnv:
@@ -41,11 +54,9 @@ async def test_runs_all_tasks_concurrently_within_the_bound(tmp_path: Path) -> N
         return envs[-1]
 
     seen = []
-    worker = RolloutWorker(
-        factory, engine, TOK, RolloutConfig(concurrency=3, progress=False), out_path=tmp_path / "t.jsonl"
-    )
+    worker = runner(factory, engine, 3, out_path=tmp_path / "t.jsonl")
     tasks = [{"task_id": f"t{i}"} for i in range(10)]
-    stats = await worker.run(tasks, on_trajectory=seen.append)
+    stats = await worker.run(episodes_of(tasks), on_trajectory=seen.append)
     assert stats.episodes == 10 and stats.by_status == {"ok": 10} and stats.reward_sum == 10.0
     assert engine.peak == 3
     assert sorted(t.task_id for t in seen) == sorted(t["task_id"] for t in tasks)
@@ -64,26 +75,17 @@ async def test_a_crashing_episode_becomes_infra_error_and_the_run_goes_on() -> N
         return two_turn_env(fail=n["i"] == 2)
 
     q: asyncio.Queue = asyncio.Queue()
-    worker = RolloutWorker(factory, ScriptedEngine([[40, 2]]), TOK, RolloutConfig(concurrency=1, progress=False))
-    stats = await worker.run(range(4), on_trajectory=q)
+    worker = runner(factory, ScriptedEngine([[40, 2]]), 1)
+    stats = await worker.run(episodes_of(range(4)), on_trajectory=q)
     assert stats.by_status == {"ok": 3, "infra_error": 1}
     bad = [t for t in (q.get_nowait() for _ in range(4)) if t.status == "infra_error"]
     assert "scripted env crash" in bad[0].info["infra_error"] and bad[0].segments == ()
 
 
 async def test_pause_holds_new_episodes_and_stop_ends_an_endless_stream() -> None:
-    worker = RolloutWorker(
-        two_turn_env, ScriptedEngine([[40, 2]], delay_s=0.01), TOK, RolloutConfig(concurrency=2, progress=False)
-    )
-
-    def endless():  # type: ignore[no-untyped-def]
-        i = 0
-        while True:
-            yield i
-            i += 1
-
+    worker = runner(two_turn_env, ScriptedEngine([[40, 2]], delay_s=0.01), 2)
     got: list = []
-    run = asyncio.create_task(worker.run(endless(), on_trajectory=got.append))
+    run = asyncio.create_task(worker.run(endless_episodes(), on_trajectory=got.append))
     while len(got) < 4:
         await asyncio.sleep(0.005)
     worker.pause()
@@ -103,9 +105,9 @@ async def test_a_failing_callback_stops_the_run_and_raises() -> None:
     def boom(t) -> None:  # type: ignore[no-untyped-def]
         raise OSError("disk full")
 
-    worker = RolloutWorker(two_turn_env, ScriptedEngine([[40, 2]]), TOK, RolloutConfig(concurrency=1, progress=False))
+    worker = runner(two_turn_env, ScriptedEngine([[40, 2]]), 1)
     try:
-        await worker.run(range(5), on_trajectory=boom)
+        await worker.run(episodes_of(range(5)), on_trajectory=boom)
     except OSError as e:
         assert "disk full" in str(e)
     else:

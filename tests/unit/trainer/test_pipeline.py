@@ -25,7 +25,8 @@ class Script:
         self.running = 0
         self.max_running = 0
 
-    async def __call__(self, index: int, seed: int, options: Any, task_id: Any) -> Trajectory:
+    async def run_one(self, episode: Any) -> Trajectory:
+        index = episode.index
         self.running += 1
         self.max_running = max(self.max_running, self.running)
         version = self.box[0].version
