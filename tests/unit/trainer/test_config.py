@@ -62,3 +62,55 @@ def test_saved_config_round_trips_and_diffs(tmp_path: Path) -> None:
     assert config_diff(cfg, again) == []
     other = load_config(CONFIGS / "toy.yaml", ["trainer.lr=0.5", "run.total_steps=999"])
     assert config_diff(cfg, other) == ["trainer.lr"]  # total_steps may change on resume
+
+
+@pytest.mark.parametrize(
+    ("trainer", "needle"),
+    [
+        ({"algorithm": "grpo_dis", "batch_size": 6, "group_size": 4}, "for grpo_dis (it trains on whole groups)"),
+        ({"algorithm": "running_mean", "advantage": "gae"}, "needs critic values"),
+        ({"algorithm": "sao", "advantage": "grpo"}, "does not roll out in groups"),
+        ({"algorithm": "sao", "advantage": "gea"}, "did you mean 'gae'"),
+        ({"critic_lam": 1.5}, "trainer.critic_lam"),
+        ({"ppo_epochs": 0}, "trainer.ppo_epochs"),
+        ({"behavior_weight_cap": 0.5}, "behavior_weight_cap"),
+    ],
+)
+def test_algorithm_spec_checks(trainer: dict[str, object], needle: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        config_from_dict({"trainer": trainer})
+    assert needle in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("rollout", "needle"), [({"top_p": 0.9}, "top_p"), ({"top_k": 50}, "top_k"), ({"temperature": 0}, "temperature")]
+)
+def test_sampling_the_trainer_cannot_recompute_is_refused(rollout: dict[str, object], needle: str) -> None:
+    with pytest.raises(ConfigError, match=needle):
+        config_from_dict({"rollout": rollout})
+
+
+def test_specs_drive_the_derived_settings() -> None:
+    grpo = config_from_dict({"trainer": {"algorithm": "grpo", "batch_size": 8, "group_size": 4}})
+    assert (grpo.uses_critic, grpo.algorithm.grouped, grpo.algorithm.synchronous) == (False, True, True)
+    assert grpo.algorithm.max_staleness == 0 and grpo.advantage_estimator == "grpo"
+    ppo = config_from_dict({"trainer": {"algorithm": "ppo", "advantage": "gae"}})
+    assert ppo.uses_critic and ppo.algorithm.old_policy_recompute and ppo.advantage_estimator == "gae"
+
+
+def test_a_spec_check_runs() -> None:
+    from trainer.algos.registry import ALGORITHMS, AlgorithmSpec, register_algorithm
+
+    if "test_even_k" not in ALGORITHMS:
+        register_algorithm(
+            AlgorithmSpec(
+                "test_even_k",
+                advantage="skip_obs_gae",
+                policy_loss="dis",
+                critic=True,
+                checks=(lambda c: None if c.trainer.critic_updates_per_step % 2 == 0 else "K must be even",),
+            )
+        )
+    config_from_dict({"trainer": {"algorithm": "test_even_k", "critic_updates_per_step": 2}})
+    with pytest.raises(ConfigError, match="'test_even_k': K must be even"):
+        config_from_dict({"trainer": {"algorithm": "test_even_k", "critic_updates_per_step": 3}})

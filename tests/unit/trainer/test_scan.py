@@ -32,10 +32,11 @@ def test_reverse_linear_scan_matches_loop(g: int, q: int, seed: int, reset_frac:
     a = torch.rand(g, q, generator=gen, dtype=torch.float64)
     a[torch.rand(g, q, generator=gen) < reset_frac] = 0.0  # resets
     a[torch.rand(g, q, generator=gen) < 0.2] = 1.0  # no decay
+    x0, a0 = x.clone(), a.clone()
     got = reverse_linear_scan(x, a)
     ref = torch.tensor([_scan_loop(xr, ar) for xr, ar in zip(x.tolist(), a.tolist(), strict=True)], dtype=x.dtype)
     torch.testing.assert_close(got, ref.view(g, q), rtol=1e-12, atol=1e-12)
-    assert torch.equal(x, x.clone())  # inputs untouched
+    assert torch.equal(x, x0) and torch.equal(a, a0)  # inputs untouched (the scan works on copies)
 
 
 def test_reverse_linear_scan_shape_mismatch() -> None:
