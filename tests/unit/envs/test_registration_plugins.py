@@ -69,3 +69,16 @@ def test_preflight_makes_the_env_once() -> None:
     preflight("sao/TokenGame-v0", {"turns": 2})
     with pytest.raises(EnvSetupError, match="TokenGame turns must be >= 1"):
         preflight("sao/TokenGame-v0", {"turns": 0})  # a ValueError raised by the constructor itself
+
+
+def test_register_env_doc_config_loads(tmp_path: Path) -> None:
+    import re
+
+    from trainer.config import load_config
+
+    doc = (ROOT / "docs" / "register_env.md").read_text()
+    (block,) = re.findall(r"```yaml\n(.*?)```", doc, re.DOTALL)
+    cfg_file = tmp_path / "reverse.yaml"
+    cfg_file.write_text(block)
+    cfg = load_config(cfg_file)
+    assert cfg.env.id == "sao/Reverse-v0" and cfg.env.kwargs == {"max_steps": 5} and cfg.model.path == "smollm2"
