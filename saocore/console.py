@@ -105,7 +105,7 @@ class ProgressLine:
     def render(self) -> str:
         """The line as text (what is shown), cut to ``width()`` characters."""
         frac = min(self.done / self.total, 1.0) if self.total else 0.0
-        filled = round(frac * self.bar_width)
+        filled = int(frac * self.bar_width)
         bar = "#" * filled + "-" * (self.bar_width - filled)
         eta = self.eta_s()
         times = f"{_fmt_s(time.monotonic() - self._t0)}<{_fmt_s(eta) if eta is not None else '?'}"
@@ -173,7 +173,7 @@ class _Router:
         self._ours, self._theirs = ours, theirs
 
     def _target(self) -> TextIO:
-        frame = sys._getframe(2)
+        frame = sys._getframe(2)  # 0: here, 1: write/isatty, 2: whoever called it (print is a builtin: no frame)
         module = str(frame.f_globals.get("__name__", ""))
         return self._ours if module.split(".", 1)[0] in OUR_PACKAGES else self._theirs
 
@@ -188,7 +188,8 @@ class _Router:
         self._theirs.flush()
 
     def isatty(self) -> bool:
-        return False  # third-party bars then draw plain lines in the log
+        # Our rich displays stay live on a terminal; third-party bars see a file and write plain lines to the log.
+        return bool(self._target().isatty())
 
     def fileno(self) -> int:
         return self._theirs.fileno()
@@ -215,8 +216,8 @@ def third_party_to_log(path: str | Path) -> Iterator[Path]:
     os.dup2(fd, 2)
     os.close(fd)
     old_streams, old_terminal = (sys.stdout, sys.stderr), _terminal
-    sys.stdout = _Router(term_out, old_streams[0])  # type: ignore[assignment]
-    sys.stderr = _Router(term_err, old_streams[1])  # type: ignore[assignment]
+    sys.stdout = _Router(term_out, old_streams[0])
+    sys.stderr = _Router(term_err, old_streams[1])
     _terminal = term_err
     try:
         yield log
