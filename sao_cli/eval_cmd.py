@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
 import typer
 
+from saocore.console import third_party_to_log
+
 app = typer.Typer(no_args_is_help=True)
+VERBOSE_HELP = "Show third-party output (bars, warnings) here, not only in OUT/logs/third_party.log."
+
+
+def _quiet(out: Path, verbose: bool) -> contextlib.AbstractContextManager[Any]:
+    """Third-party bars and warnings of an evaluation go to OUT/logs/third_party.log; our progress stays here."""
+    return contextlib.nullcontext() if verbose else third_party_to_log(out / "logs" / "third_party.log")
+
 
 MODEL_HELP = (
     "What plays the episodes: vllm:http://host:port[,http://...] (running vLLM servers), local:/ckpt (we serve it "
@@ -45,6 +55,7 @@ def swebench_cmd(
     max_context: int = typer.Option(32768, "--max-context", help="Context length in tokens (token engines)."),
     max_tokens: int = typer.Option(4096, "--max-tokens", help="Tokens sampled per turn at most."),
     temperature: float = typer.Option(0.0, "--temperature", help="Sampling temperature."),
+    verbose: bool = typer.Option(False, "--verbose", help=VERBOSE_HELP),
 ) -> None:
     """Evaluate on SWE-bench-format instances: predictions.jsonl, trajectories, resolved/total, report.json."""
     import asyncio
@@ -66,7 +77,8 @@ def swebench_cmd(
                 split=split, tokenizer=tokenizer, max_context_tokens=max_context, max_action_tokens=max_tokens,
                 temperature=temperature, harness=harness,
             )  # fmt: skip
-            report = asyncio.run(run_swebench(cfg))
+            with _quiet(out, verbose):
+                report = asyncio.run(run_swebench(cfg))
     except (EvalError, ValueError, FileNotFoundError) as e:
         raise _fail(e) from e
     print_summary(report)
@@ -77,7 +89,10 @@ def swebench_cmd(
 def math_cmd(
     model: str = typer.Option(..., "--model", help=MODEL_HELP),
     dataset: str = typer.Option(
-        "aime25", "--dataset", help="aime25 | aime24 | imo_answerbench | a .jsonl/.json/.csv/.parquet file."
+        "aime25",
+        "--dataset",
+        help="A shipped benchmark (aime25 | aime24 | imo_answerbench), a .jsonl/.json/.csv/.parquet file or a "
+        "Hugging Face dataset id.",
     ),
     tools: str = typer.Option("python", "--tools", help="python: a sandboxed python tool; none: one plain answer."),
     samples: int = typer.Option(1, "--samples", help="Samples per problem (k of avg@k and pass@k)."),
@@ -92,6 +107,7 @@ def math_cmd(
     max_tokens: int = typer.Option(8192, "--max-tokens", help="Tokens sampled per turn at most."),
     temperature: float = typer.Option(0.6, "--temperature", help="Sampling temperature."),
     top_p: float = typer.Option(0.95, "--top-p", help="Nucleus sampling."),
+    verbose: bool = typer.Option(False, "--verbose", help=VERBOSE_HELP),
 ) -> None:
     """Evaluate on a math benchmark: avg@k and pass@k with math-verify grading, per-problem CSV, report.json."""
     import asyncio
@@ -105,7 +121,8 @@ def math_cmd(
             max_steps=max_steps, tokenizer=tokenizer, max_context_tokens=max_context, max_action_tokens=max_tokens,
             temperature=temperature, top_p=top_p,
         )  # fmt: skip
-        report = asyncio.run(run_math(cfg))
+        with _quiet(out, verbose):
+            report = asyncio.run(run_math(cfg))
     except (EvalError, ValueError, FileNotFoundError) as e:
         raise _fail(e) from e
     print_summary(report)
