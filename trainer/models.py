@@ -183,28 +183,6 @@ def freeze_attention(model: nn.Module) -> list[str]:
     return names
 
 
-def token_logprobs(
-    model: nn.Module,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
-    position_ids: torch.Tensor | None = None,
-    with_entropy: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``logp[b, t] = log p(input_ids[b, t] | tokens < t)`` (0 at t = 0), float32, and optionally the entropy of
-    the same next-token distribution."""
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).logits
-    logits = logits[:, :-1].float()
-    logp_all = torch.log_softmax(logits, dim=-1)
-    target = input_ids[:, 1:].unsqueeze(-1)
-    logp = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
-    logp[:, 1:] = logp_all.gather(-1, target).squeeze(-1)
-    ent = None
-    if with_entropy:
-        ent = torch.zeros_like(logp)
-        ent[:, 1:] = -(logp_all.exp() * logp_all).sum(-1).detach()
-    return logp, ent
-
-
 def shifted_values(values: torch.Tensor) -> torch.Tensor:
     """Align critic outputs with tokens: ``V[:, t]`` = value of the prefix BEFORE token t (the state in which the
     token was sampled), i.e. the head output at t - 1."""

@@ -10,10 +10,12 @@ import torch
 from agent.records import Segment, Trajectory
 
 
-def synthetic_trajectories(model: Any, n: int, seed: int = 0, version: int = 0, vocab: int = 500) -> list[Trajectory]:
-    """``n`` two-turn trajectories of random tokens whose action logprobs come from ``model`` (teacher forced),
-    so the DIS ratio starts at 1; rewards alternate 0/1."""
-    from trainer.models import token_logprobs
+def synthetic_trajectories(
+    model: Any, n: int, seed: int = 0, version: int = 0, vocab: int = 500, temperature: float = 1.0
+) -> list[Trajectory]:
+    """``n`` two-turn trajectories of random tokens whose action logprobs come from ``model`` (teacher forced,
+    logits / ``temperature``), so the DIS ratio starts at 1; rewards alternate 0/1; pairs share a group id."""
+    from trainer.algos.logprobs import token_logprobs
 
     rng = random.Random(seed)
     out = []
@@ -22,7 +24,8 @@ def synthetic_trajectories(model: Any, n: int, seed: int = 0, version: int = 0, 
         ids = [[rng.randrange(vocab) for _ in range(k)] for _, k in kinds]
         flat = torch.tensor([[t for seg in ids for t in seg]])
         with torch.no_grad():
-            lp, _ = token_logprobs(model, flat, torch.ones_like(flat))
+            hidden = model(input_ids=flat, output_hidden_states=True).hidden_states[-1]
+            lp, _ = token_logprobs(hidden, model.lm_head, flat, temperature=temperature)
         segs, pos = [], 0
         for (kind, k), toks in zip(kinds, ids, strict=True):
             if kind == "action":

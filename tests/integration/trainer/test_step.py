@@ -1,6 +1,11 @@
-"""One training step on tiny models under single-process DeepSpeed: which parameters move, for every algorithm."""
+"""One training step on tiny models under single-process DeepSpeed: which parameters move for every algorithm,
+how many optimizer steps run, a registered algorithm, the sampling temperature, and bad numbers that never crash."""
 
 from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -19,7 +24,13 @@ def _changed(before: dict[str, torch.Tensor], module: torch.nn.Module) -> set[st
     return {k for k, v in module.named_parameters() if not torch.equal(before[k], v.detach())}
 
 
-def _learner(algorithm: str, kind: str = "moe", **trainer: object):
+def _learner(
+    algorithm: str,
+    kind: str = "moe",
+    rollout: dict[str, Any] | None = None,
+    deepspeed: dict[str, Any] | None = None,
+    **trainer: object,
+) -> tuple[Any, list[Any]]:
     from trainer import distributed
     from trainer.learner import Learner
     from trainer.models import load_actor, load_critic
@@ -30,12 +41,13 @@ def _learner(algorithm: str, kind: str = "moe", **trainer: object):
             "model": {"path": f"tiny:{kind}"},
             "trainer": {"algorithm": algorithm, "batch_size": 4, "lr": 1e-3, "group_size": 2, **trainer},
             "critic": {"lr": 1e-3},
-            "deepspeed": {"micro_batch_size": 2},
+            "rollout": rollout or {},
+            "deepspeed": {"micro_batch_size": 2, **(deepspeed or {})},
         }
     )
     actor = load_actor(cfg)
     critic = load_critic(cfg, actor) if cfg.uses_critic else None
-    trajs = synthetic_trajectories(actor, 4)
+    trajs = synthetic_trajectories(actor, 4, temperature=cfg.rollout.temperature)
     return Learner(cfg, actor, critic, pad_token_id=0), trajs
 
 
@@ -67,3 +79,126 @@ def test_every_algorithm_updates_the_actor(deepspeed_env: dict[str, str], algori
     assert _changed(a0, learner.actor.module), f"{algorithm}: actor unchanged after one update"
     assert (learner.critic is not None) == (algorithm == "ppo")
     assert metrics["trained_tokens"] == 4 * 6
+
+
+def _count_optimizer_steps(learner: Any) -> dict[str, int]:
+    counts = {"actor": 0, "critic": 0}
+    for name in counts:
+        engine = getattr(learner, name)
+        if engine is None:
+            continue
+        opt = engine.optimizer
+        inner = opt.step
+
+        def counted(*a: Any, _inner: Any = inner, _name: str = name, **kw: Any) -> Any:
+            counts[_name] += 1
+            return _inner(*a, **kw)
+
+        opt.step = counted
+    return counts
+
+
+@pytest.mark.parametrize(("algorithm", "k", "epochs"), [("sao", 2, 1), ("ppo", 1, 2)])
+def test_k_critic_steps_and_ppo_epochs_are_counted(
+    deepspeed_env: dict[str, str], algorithm: str, k: int, epochs: int
+) -> None:
+    learner, trajs = _learner(algorithm, kind="llama", critic_updates_per_step=k, ppo_epochs=epochs)
+    counts = _count_optimizer_steps(learner)
+    calls: list[bool] = []
+    inner = learner._logp
+
+    def spy(b: Any, with_entropy: bool) -> Any:
+        calls.append(with_entropy)
+        return inner(b, with_entropy)
+
+    learner._logp = spy
+    m = learner.train_step(trajs)
+    assert counts == {"actor": epochs, "critic": k}  # 2 micro batches accumulate into ONE optimizer step each
+    n_micro = 2
+    assert calls.count(False) == (n_micro if learner.spec.old_policy_recompute else 0)  # the recompute, once
+    assert calls.count(True) == n_micro * epochs
+    assert m["skipped_steps"] == 0 and m["critic_skipped_steps"] == 0
+
+
+def test_an_algorithm_registered_outside_the_package_trains(deepspeed_env: dict[str, str]) -> None:
+    from trainer.algos.registry import ALGORITHMS
+
+    if "reinforce_rm" not in ALGORITHMS:
+        doc = (Path(__file__).resolve().parents[3] / "docs" / "register_algorithm.md").read_text()
+        code = re.findall(r"```python\n(.*?)```", doc, re.S)
+        assert len(code) == 1
+        exec(compile(code[0], "register_algorithm.md", "exec"), {})
+    learner, trajs = _learner("reinforce_rm", kind="llama")
+    assert learner.critic is None and learner.spec.policy_loss == "reinforce"
+    a0 = _snapshot(learner.actor.module)
+    counts = _count_optimizer_steps(learner)
+    m = learner.train_step(trajs)
+    assert counts["actor"] == 1 and _changed(a0, learner.actor.module)
+    assert m["trained_tokens"] == 4 * 6
+
+
+@pytest.mark.parametrize("temperature", [0.7, 1.0])
+def test_the_recompute_uses_the_sampling_temperature(deepspeed_env: dict[str, str], temperature: float) -> None:
+    # rollout logprobs taken at the rollout temperature: the learner's first recompute must match them (ratio 1)
+    learner, trajs = _learner("sao", kind="llama", rollout={"temperature": temperature})
+    m = learner.train_step(trajs)
+    assert m["logp_diff_abs_mean"] < 1e-4, m["logp_diff_abs_mean"]
+    assert m["kept_frac"] == 1.0
+
+
+def _poison(traj: Any, **change: Any) -> Any:
+    import dataclasses
+
+    return dataclasses.replace(traj, **change)
+
+
+def test_bad_rewards_and_rollout_logprobs_are_masked_and_counted(deepspeed_env: dict[str, str]) -> None:
+    import dataclasses
+
+    learner, trajs = _learner("sao", kind="llama")
+    segs = list(trajs[0].segments)
+    lps = list(segs[1].logprobs)
+    lps[0] = float("-inf")
+    segs[1] = dataclasses.replace(segs[1], logprobs=tuple(lps))
+    lps = list(segs[3].logprobs)
+    lps[1] = float("nan")
+    segs[3] = dataclasses.replace(segs[3], logprobs=tuple(lps))
+    trajs[0] = _poison(trajs[0], segments=tuple(segs))
+    trajs[1] = _poison(trajs[1], reward=float("nan"))
+    a0 = _snapshot(learner.actor.module)
+    m = learner.train_step(trajs)
+    assert m["masked_nonfinite_tokens"] == 2
+    assert m["nonfinite_rewards"] == 1
+    assert m["trained_tokens"] == 4 * 6 - 2 - 6  # two masked tokens, one whole trajectory
+    assert m["skipped_steps"] == 0 and _changed(a0, learner.actor.module)
+    assert all(v == v for k, v in m.items() if k in ("pg_loss", "value_loss", "actor_grad_norm")), m
+
+
+@pytest.mark.parametrize("zero_stage", [0, 2])
+def test_a_nonfinite_gradient_skips_the_step_and_the_run_goes_on(
+    deepspeed_env: dict[str, str], zero_stage: int
+) -> None:
+    learner, trajs = _learner("sao", kind="llama", deepspeed={"zero_stage": zero_stage})
+    loss_fn = learner.loss_fn
+    learner.loss_fn = lambda x: (lambda out: (out[0] * float("nan"), out[1]))(loss_fn(x))
+    a0 = _snapshot(learner.actor.module)
+    m = learner.train_step(trajs)
+    assert m["skipped_steps"] == 1
+    assert not _changed(a0, learner.actor.module), "a NaN gradient was applied"
+    assert all(bool(torch.isfinite(p).all()) for p in learner.actor.module.parameters())
+    assert learner.params_finite()
+    learner.loss_fn = loss_fn  # the next step is healthy and trains
+    m = learner.train_step(trajs)
+    assert m["skipped_steps"] == 0 and _changed(a0, learner.actor.module)
+
+
+def test_nonfinite_critic_values_skip_the_whole_step(deepspeed_env: dict[str, str]) -> None:
+    learner, trajs = _learner("sao", kind="llama")
+    values = learner._values
+    learner._values = lambda b: values(b) * float("nan")
+    a0, c0 = _snapshot(learner.actor.module), _snapshot(learner.critic.module)
+    counts = _count_optimizer_steps(learner)
+    m = learner.train_step(trajs)
+    assert m["nonfinite_values"] > 0 and m["skipped_steps"] == 1
+    assert counts == {"actor": 0, "critic": 0}
+    assert not _changed(a0, learner.actor.module) and not _changed(c0, learner.critic.module)
