@@ -9,8 +9,10 @@ Each command runs as ``bwrap ... <shell> -c <cmd>`` with:
   a private ``/tmp`` (tmpfs) per command, fresh ``/dev`` and ``/proc``. Each command is its own jail: processes
   it leaves in the background die when it exits (unlike Docker, where they live on in the container);
 - every namespace unshared (``--unshare-all``): no network but loopback (unless ``network="host"``), own PIDs,
-  IPC, UTS; ``--die-with-parent`` (the jail dies with this process) and ``--new-session`` (no terminal
-  injection); bwrap drops every capability, so root inside cannot remount anything writable;
+  IPC, UTS and user namespace; ``--die-with-parent`` (the jail dies with this process) and ``--new-session`` (no
+  terminal injection); ``--cap-drop ALL``: run by root, bwrap would otherwise keep every capability inside the
+  jail's user namespace (enough to mount a tmpfs or make namespaces); with none, root inside cannot mount or
+  remount anything;
 - a clean environment (``--clearenv``: PATH, HOME, LANG and ``SandboxConfig.env`` only);
 - a memory cap as ``ulimit -v`` (address space, ``mem_limit``) and a timeout that kills the whole jail.
 
@@ -18,7 +20,10 @@ What it does NOT isolate: the kernel (shared, as with Docker); CPU time (no CPU 
 number of processes (no pids limit: a fork bomb is only stopped by the timeout, and can slow the host until
 then); disk usage of ``/work`` and ``/tmp`` (no quota); everything readable under ``/usr`` and ``/etc`` (as root,
 that includes ``/etc/shadow``). ``ulimit -v`` limits address space, not resident memory, so some runtimes (Go,
-JVMs) fail early under it. Use Docker when these matter.
+JVMs) fail early under it. Use Docker when these matter. SWE tasks refuse this backend (``SWEEnv`` needs
+``sandbox.backend="docker"``): a task is an image (its repository, its Python environment, the grader's fresh
+container), which a jail over the host's ``/usr`` cannot hold; math episodes need none of that and their grader
+(math-verify) runs in the host process, out of the jail's reach.
 
 Requires the ``bubblewrap`` Debian package (``apt-get install bubblewrap``).
 """
@@ -85,7 +90,7 @@ class BwrapSandbox:
         args = [self.bwrap, *_root_args(self.cfg.bwrap_ro_binds)]
         args += ["--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
         args += ["--bind", str(self.host_workdir), WORK_MOUNT, "--chdir", WORK_MOUNT]
-        args += ["--unshare-all", "--die-with-parent", "--new-session"]
+        args += ["--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
         if self.cfg.network == "host":
             args += ["--share-net"]
         args += ["--clearenv", "--setenv", "PATH", _PATH, "--setenv", "HOME", WORK_MOUNT, "--setenv", "LANG", "C.UTF-8"]

@@ -8,6 +8,20 @@ files excluded), runs the instance's eval script in a FRESH container from the s
 Reward 1.0 if resolved else 0.0; ``info["report"]`` is the swebench report of the instance plus the graded patch.
 A Docker failure (sandbox or grader) ends the episode with ``info["infra_error"]``, never a reward of 0.
 
+No reachable fix: our offline task images hold a one-commit repository and no copy of the package's original source
+(``envs.swe.tasks.images``; ``tests/integration/swe/test_task_integrity.py`` audits every image the builder makes).
+Images made elsewhere (the official SWE-bench ones) may keep history past ``base_commit``: images built by older
+harness versions keep the whole clone (later commits reachable from tags, remote refs and the reflog, the fix among
+them); the current harness deletes later tags, expires the reflog and prunes. So for any image not built here,
+``setup`` remakes ``/testbed``'s repository in the agent's container from its tracked files at ``base_commit``: one
+commit, no refs, no reflog, no other objects (the history before ``base_commit`` goes too; ``git log`` shows one
+commit). The grader uses a fresh container of the unchanged image, so ``base_commit`` is there for the eval script.
+Exposures that remain, by design or because no check can find them: the package may exist in other versions inside
+the image (a copy vendored by pip or setuptools: our builder deletes vendored copies of the package's top-level
+modules and the bundled pip/setuptools wheels, an official image is not changed beyond its repository); the
+problem statement describes the failing tests; the test files themselves are in the repo (they are restored before
+grading, so editing them changes nothing).
+
 Tasks: ``reset(options={"task": record})`` or drawn by seed from ``tasks`` (a JSONL/JSON path or a list of
 records). Records are validated up front (``ValueError`` naming the field). Our offline tasks come from
 ``sao tasks build`` / ``envs.swe.tasks.ensure_offline_tasks``; official SWE-bench Verified records name their
@@ -48,6 +62,21 @@ TEST_PATHSPECS = (
     ":(glob,exclude)**/*_test.py",
     ":(glob,exclude)**/conftest.py",
 )
+OWN_IMAGE_PREFIX = "sao-swe-"
+# Remakes the repo of an image made elsewhere from its tracked files (see the module docstring). $1: base_commit.
+SCRUB_HISTORY = r"""set -eu
+cd /testbed
+[ -d .git ] || exit 0
+list=$(mktemp)
+git ls-files -z > "$list"
+rm -rf .git
+git init -q -b main .
+GIT_LITERAL_PATHSPECS=1 git add -f --pathspec-from-file="$list" --pathspec-file-nul
+rm -f "$list"
+GIT_AUTHOR_DATE=2000-01-01T00:00:00Z GIT_COMMITTER_DATE=2000-01-01T00:00:00Z \
+  git -c user.name=sao -c user.email=sao@localhost commit -q --allow-empty -m "base_commit $1"
+rm -rf .git/logs
+"""
 SYSTEM_PROMPT = (
     "You are a software engineer fixing a bug in the repository at /testbed (a git repository; its Python "
     "environment is already on PATH, with no network access). Use the bash tool to explore and run tests and the "
@@ -124,11 +153,23 @@ class SWEEnv(ToolEnv):
         self._task = task
         image = task["image"]
         await asyncio.to_thread(_ensure_image, image, task["instance_id"], self.sandbox_cfg.docker_host)
-        from sandboxes.factory import make_sandbox
+        from sandboxes.pool import acquire_sandbox
 
         env = {"PATH": PATH, **self.sandbox_cfg.env}
         cfg = dataclasses.replace(self.sandbox_cfg, image=image, workdir=REPO_DIR, env=env)
-        self._sandbox = await make_sandbox(cfg)
+        self._sandbox = await acquire_sandbox(cfg)  # warm when the episode runner keeps a pool of this image
+        if not image.startswith(OWN_IMAGE_PREFIX):
+            await self._scrub_history(task["base_commit"])
+
+    async def _scrub_history(self, base_commit: str) -> None:
+        assert self._sandbox is not None
+        cmd = f"bash -c {shlex.quote(SCRUB_HISTORY)} scrub {shlex.quote(base_commit)}"
+        res = await self._sandbox.exec(cmd, timeout=600)
+        if res.exit_code != 0:
+            raise SandboxError(
+                f"could not remove the history past base_commit from {REPO_DIR} (exit {res.exit_code}): "
+                f"{res.output[-500:]}"
+            )
 
     def tools(self) -> list[Tool]:
         assert self._sandbox is not None
@@ -189,7 +230,7 @@ def _ensure_image(image: str, instance_id: str, docker_host: str | None) -> None
 
     if image_exists(image, docker_host):
         return
-    if image.startswith("sao-swe-"):
+    if image.startswith(OWN_IMAGE_PREFIX):
         raise ImageNotFoundError(
             f"task {instance_id}: image {image} is not on the Docker host; rebuild it with "
             "`envs.swe.tasks.ensure_task_images(records)` (or `sao tasks build`)"

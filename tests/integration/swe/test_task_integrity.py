@@ -1,0 +1,290 @@
+"""No reachable fix in any task image: every image the offline builder made is audited for the gold patch's files.
+
+What an agent could use to read the fix instead of finding it: git history or reflog, an object in the store that
+holds a fixed file, the package's own wheel or sdist anywhere in the image, or a copy of the fixed file elsewhere
+(site-packages, caches). Each check runs inside a container of the task image, as the agent would see it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from typing import Any
+
+import pytest
+
+from sandboxes.docker import tar_one
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(600)]
+
+# Run in /testbed with the gold patch at /tmp/gold.diff; prints one JSON object.
+AUDIT = r"""
+set -u
+cd /testbed
+files=$(git apply --numstat /tmp/gold.diff | cut -f3)
+git apply /tmp/gold.diff || { echo '{"apply_failed": true}'; exit 0; }
+post_ids=""; post_sha=""
+for f in $files; do
+  post_ids="$post_ids $(git hash-object "$f")"
+  post_sha="$post_sha $(sha256sum "$f" | cut -d' ' -f1):$(basename "$f")"
+done
+git checkout -q -- . && git clean -fdq
+in_store=""
+for id in $post_ids; do git cat-file -e "$id" 2>/dev/null && in_store="$in_store $id"; done
+for id in $(sed -n 's/^index [0-9a-f]*\.\.\([0-9a-f]*\).*/\1/p' /tmp/gold.diff); do
+  git cat-file -e "$id" 2>/dev/null && in_store="$in_store $id"
+done
+copies=""
+for pair in $post_sha; do
+  sha=${pair%%:*}; name=${pair#*:}
+  for p in $(find / -xdev -type f -name "$name" 2>/dev/null); do
+    [ "$(sha256sum "$p" | cut -d' ' -f1)" = "$sha" ] && copies="$copies $p"
+  done
+done
+archives=$(find / -xdev -type f \( -iname "$PKG_A-*.whl" -o -iname "$PKG_B-*.whl" -o -iname "$PKG_A-*.tar.gz" \
+  -o -iname "$PKG_B-*.tar.gz" -o -iname "$PKG_A-*.zip" -o -iname "$PKG_B-*.zip" -o -iname "$PKG_A-*.egg" \) \
+  2>/dev/null | tr '\n' ' ')
+vendored=$(for m in $MODS; do find / -xdev -path /testbed -prune -o \( -name "$m" -o -name "$m.py" \) -print; done \
+  2>/dev/null | tr '\n' ' ')
+unreachable=$(git fsck --unreachable --no-reflogs --no-progress 2>&1 | grep -c unreachable)
+python3 - "$in_store" "$copies" "$archives" "$unreachable" "$vendored" <<'EOF'
+import json, os, subprocess, sys
+def git(*a):
+    return subprocess.run(["git", *a], capture_output=True, text=True).stdout.split()
+print(json.dumps({
+    "head": git("rev-parse", "HEAD")[0],
+    "commits_all": len(git("rev-list", "--all")),
+    "refs": git("for-each-ref", "--format=%(refname)"),
+    "reflog_entries": len(git("reflog", "show", "--format=%H")),
+    "stash": len(git("stash", "list")),
+    "logs_dir": os.path.exists(".git/logs"),
+    "post_image_ids_in_store": sys.argv[1].split(),
+    "copies_of_fixed_files": sys.argv[2].split(),
+    "package_archives": sys.argv[3].split(),
+    "unreachable_objects": int(sys.argv[4] or 0),
+    "other_copies_of_its_modules": sys.argv[5].split(),
+    "pyc_in_testbed": len([1 for r, _, fs in os.walk("/testbed") for f in fs if f.endswith(".pyc")]),
+    "wheels_dir": os.path.exists("/wheels"),
+    "pip_cache": os.path.exists("/root/.cache/pip"),
+}))
+EOF
+"""
+
+
+def _module_of(task: dict[str, Any]) -> str:
+    """The top-level import name holding the mutated file (``toolz/itertoolz.py`` -> ``toolz``)."""
+    parts = task["sao_mutation"]["path"].split("/")
+    parts = parts[1:] if parts[0] == "src" else parts
+    return parts[0].removesuffix(".py")
+
+
+def audit_image(client: Any, task: dict[str, Any]) -> dict[str, Any]:
+    """Run ``AUDIT`` in a fresh container of ``task["image"]`` and return its findings."""
+    package = task["repo"].split("/", 1)[1]
+    container = client.containers.run(
+        task["image"],
+        ["sleep", "infinity"],
+        detach=True,
+        network_mode="none",
+        labels={"sao.owner_pid": str(os.getpid()), "sao.role": "test-audit"},
+    )
+    try:
+        patch = task["patch"] if task["patch"].endswith("\n") else task["patch"] + "\n"
+        assert container.put_archive("/tmp", tar_one("gold.diff", patch.encode()))
+        env = {"PKG_A": package, "PKG_B": re.sub(r"[-_.]+", "_", package), "MODS": _module_of(task)}
+        res = container.exec_run(["bash", "-c", AUDIT], environment=env, workdir="/testbed")
+        out = res.output.decode(errors="replace")
+        last = out.strip().splitlines()[-1] if out.strip() else ""
+        assert last.startswith("{"), f"the audit script failed in {task['image']} (exit {res.exit_code}):\n{out}"
+        return dict(json.loads(last))
+    finally:
+        container.remove(force=True)
+
+
+def test_every_task_image_holds_no_reachable_fix(offline_tasks: list[dict[str, Any]], docker_client: Any) -> None:
+    assert offline_tasks
+    for task in offline_tasks:
+        found = audit_image(docker_client, task)
+        where = f"{task['instance_id']} ({task['image']}): {found}"
+        assert not found.get("apply_failed"), where
+        assert found["head"] == task["base_commit"], where
+        assert found["commits_all"] == 1 and found["refs"] == ["refs/heads/main"], where
+        assert found["reflog_entries"] == 0 and not found["logs_dir"] and found["stash"] == 0, where
+        assert found["post_image_ids_in_store"] == [], where
+        assert found["unreachable_objects"] == 0, where
+        assert found["copies_of_fixed_files"] == [], where
+        assert found["package_archives"] == [], where
+        assert found["other_copies_of_its_modules"] == [], where  # e.g. pip/_vendor/six.py for six
+        assert found["pyc_in_testbed"] == 0 and not found["wheels_dir"] and not found["pip_cache"], where
+
+
+def test_the_audit_catches_a_leaky_image(offline_tasks: list[dict[str, Any]], docker_client: Any) -> None:
+    """The audit must be able to fail: an image with the old recipe's leaks (the fix one commit back, the
+    fixed file kept in a cache) is flagged on every count."""
+    task = offline_tasks[0]
+    package = task["repo"].split("/", 1)[1]
+    leak = (
+        "cd /testbed && git apply /tmp/gold.diff && git add -A && git -c user.name=x -c user.email=x@x commit -qm fix"
+        " && mkdir -p /root/.cache/pip /wheels"
+        " && for f in $(git diff --name-only HEAD~1); do cp $f /root/.cache/pip/; done"
+        " && git apply -R /tmp/gold.diff && git -c user.name=x -c user.email=x@x commit -qam bug"
+        f" && touch /wheels/{package}-0.1-py3-none-any.whl"
+        f" && mkdir -p /opt/x/_vendor && touch /opt/x/_vendor/{_module_of(task)}.py"
+    )
+    container = docker_client.containers.run(
+        task["image"], ["sleep", "infinity"], detach=True, network_mode="none", labels={"sao.role": "test-audit"}
+    )
+    try:
+        patch = task["patch"] if task["patch"].endswith("\n") else task["patch"] + "\n"
+        assert container.put_archive("/tmp", tar_one("gold.diff", patch.encode()))
+        assert container.exec_run(["bash", "-c", leak]).exit_code == 0
+        leaky = container.commit(repository="sao-test-leaky", tag="audit")
+    finally:
+        container.remove(force=True)
+    try:
+        found = audit_image(docker_client, {**task, "image": "sao-test-leaky:audit"})
+        assert found["commits_all"] == 3 and found["reflog_entries"] > 0 and found["wheels_dir"], found
+        assert found["post_image_ids_in_store"], found
+        assert any(p.startswith("/root/.cache/pip/") for p in found["copies_of_fixed_files"]), found
+        assert found["package_archives"] == [f"/wheels/{package}-0.1-py3-none-any.whl"], found
+        assert f"/opt/x/_vendor/{_module_of(task)}.py" in found["other_copies_of_its_modules"], found
+    finally:
+        docker_client.images.remove(leaky.id, force=True)
+
+
+# An image laid out like the official SWE-bench images built by older harness versions: the whole clone kept, HEAD
+# reset to base_commit, the fix reachable from a tag, a remote-tracking ref and the reflog.
+LEAKY_REPO = r"""set -e
+mkdir /testbed && cd /testbed && git init -q -b main .
+export GIT_AUTHOR_NAME=dev GIT_AUTHOR_EMAIL=dev@x GIT_COMMITTER_NAME=dev GIT_COMMITTER_EMAIL=dev@x
+printf 'def f():\n    return 0\n' > m.py
+printf 'from m import f\n\ndef test_f():\n    assert f() == 1\n' > test_m.py
+git add -A && git commit -qm 'buggy base'
+git rev-parse HEAD > /base
+printf 'def f():\n    return 1\n' > m.py
+git commit -qam 'the fix' && git hash-object m.py > /fixed_blob
+git tag v2 && git update-ref refs/remotes/origin/main HEAD
+git reset -q --hard HEAD~1
+"""
+
+
+def _eval_script(base: str) -> str:
+    check = "import m; print('PASSED test_m.py::test_f' if m.f() == 1 else 'FAILED test_m.py::test_f')"
+    return "\n".join(
+        [
+            "#!/bin/bash",
+            "cd /testbed",
+            f"git checkout {base} -- test_m.py",
+            ": '>>>>> Start Test Output'",
+            f'python3 -c "{check}"',
+            ": '>>>>> End Test Output'",
+            "",
+        ]
+    )
+
+
+def test_images_made_elsewhere_lose_their_future_history(base_image: str, docker_client: Any) -> None:
+    import envs  # noqa: F401 - registers the sao/ ids
+    from envs.swe.env import SWEEnv
+
+    box = docker_client.containers.run(
+        base_image, ["sleep", "infinity"], detach=True, network_mode="none", labels={"sao.role": "test-audit"}
+    )
+    try:
+        res = box.exec_run(["bash", "-c", LEAKY_REPO])
+        assert res.exit_code == 0, res.output.decode()
+        base = box.exec_run(["cat", "/base"]).output.decode().strip()
+        fixed_blob = box.exec_run(["cat", "/fixed_blob"]).output.decode().strip()
+        image = box.commit(repository="sao-test-official-like", tag="leaky")
+    finally:
+        box.remove(force=True)
+    gold = "diff --git a/m.py b/m.py\n--- a/m.py\n+++ b/m.py\n@@ -1,2 +1,2 @@\n def f():\n-    return 0\n"
+    gold += "+    return 1\n"
+    task = {
+        "instance_id": "octo__demo-1",
+        "repo": "octo/demo",
+        "version": "1.0",
+        "base_commit": base,
+        "problem_statement": "test_m.py::test_f fails",
+        "patch": gold,
+        "test_patch": "",
+        "FAIL_TO_PASS": ["test_m.py::test_f"],
+        "PASS_TO_PASS": [],
+        "image": "sao-test-official-like:leaky",
+        "eval_script": _eval_script(base),
+        "log_parser": "parse_log_pytest",
+        "eval_type": "pass_and_fail",
+    }
+    env = SWEEnv([task])
+    try:
+        env.reset(seed=0)
+
+        def bash(command: str) -> str:
+            call = json.dumps({"name": "bash", "arguments": {"command": command}})
+            return env.step(f"<tool_call>{call}</tool_call>")[0]
+
+        # Before the scrub every one of these would show the fix.
+        assert bash("git log --all --format=%H | wc -l").split()[0] == "1"
+        assert bash("git tag; git branch -a; git reflog | wc -l").split() == ["*", "main", "0"]
+        assert "[exit code" in bash(f"git cat-file -e {fixed_blob}")
+        assert "[exit code" in bash(f"git cat-file -e {base}")
+        assert bash("git status --porcelain") == "[no output]"
+        # The grader (a fresh container of the unchanged image) still knows base_commit and restores the tests.
+        bash("printf 'def f():\\n    return 1\\n' > m.py && echo 'def test_f(): pass' > test_m.py")
+        _, reward, terminated, _, info = env.step('<tool_call>{"name": "submit", "arguments": {}}</tool_call>')
+        assert terminated and reward == 1.0, info
+        assert "test_m.py" not in info["report"]["model_patch"]
+    finally:
+        env.close()
+        docker_client.images.remove(image.id, force=True)
+
+
+def _fake_tests(test_ids: list[str]) -> dict[str, str]:
+    """Per test file, a replacement in which every listed test (``f::t``, ``f::Class::t``, ``f::t[id]``) passes."""
+    files: dict[str, dict[str, dict[str, list[str]]]] = {}
+    for tid in test_ids:
+        path, *names = tid.split("::")
+        name, _, param = names[-1].partition("[")
+        group = files.setdefault(path, {}).setdefault(names[0] if len(names) > 1 else "", {})
+        ids = group.setdefault(name, [])
+        if param:
+            ids.append(param[:-1])
+    out = {}
+    for path, groups in files.items():
+        lines = ["import pytest"]
+        for cls, tests in groups.items():
+            pad = "    " if cls else ""
+            if cls:
+                lines.append(f"class {cls}:")
+            for name, ids in tests.items():
+                if ids:
+                    lines.append(f"{pad}@pytest.mark.parametrize('p', {ids!r}, ids={ids!r})")
+                lines.append(f"{pad}def {name}({'self, ' if cls else ''}{'p' if ids else ''}):\n{pad}    pass")
+        out[path] = "\n".join(lines) + "\n"
+    return out
+
+
+def test_the_grader_restores_test_files_before_running_them(
+    offline_tasks: list[dict[str, Any]], docker_client: Any
+) -> None:
+    """A patch that rewrites the tests to pass (instead of fixing the code) is not resolved: the eval script checks
+    the test files out of ``base_commit`` first. Without that restore the same patch would resolve the task."""
+    from envs.swe.grading import grade_patch
+
+    task = offline_tasks[0]
+    box = docker_client.containers.run(
+        task["image"], ["sleep", "infinity"], detach=True, network_mode="none", labels={"sao.role": "test-audit"}
+    )
+    try:
+        for path, text in _fake_tests(task["FAIL_TO_PASS"] + task["PASS_TO_PASS"]).items():
+            assert box.put_archive(f"/testbed/{os.path.dirname(path)}", tar_one(os.path.basename(path), text.encode()))
+        cheat = box.exec_run(["git", "diff"], workdir="/testbed").output.decode()
+    finally:
+        box.remove(force=True)
+    assert cheat.startswith("diff --git")
+    graded = grade_patch(task, cheat)
+    assert graded.applied and not graded.resolved, graded.log[-2000:]
+    no_restore = "\n".join(ln for ln in task["eval_script"].splitlines() if not ln.startswith("git checkout "))
+    unguarded = grade_patch({**task, "eval_script": no_restore}, cheat)
+    assert unguarded.resolved, unguarded.log[-2000:]
