@@ -114,3 +114,23 @@ def test_a_spec_check_runs() -> None:
     config_from_dict({"trainer": {"algorithm": "test_even_k", "critic_updates_per_step": 2}})
     with pytest.raises(ConfigError, match="'test_even_k': K must be even"):
         config_from_dict({"trainer": {"algorithm": "test_even_k", "critic_updates_per_step": 3}})
+
+
+@pytest.mark.parametrize("name", ["math_tir.yaml", "swe.yaml"])
+def test_multi_turn_configs_use_a_lambda_under_which_skip_observation_gae_matters(name: str) -> None:
+    import torch
+
+    from trainer.algos.advantages import gae, skip_observation_gae
+
+    t = load_config(CONFIGS / name).trainer
+    assert t.critic_lam == 1.0
+    lam = max(1.0 - 1.0 / (t.lambda_alpha * 4), 0.0) if t.length_adaptive_lambda else t.lam  # 4 action tokens
+    action = torch.tensor([[0, 1, 1, 0, 0, 1, 1]], dtype=torch.bool)  # P A A O O A A
+    response = torch.tensor([[0, 1, 1, 1, 1, 1, 1]], dtype=torch.bool)
+    rewards = torch.tensor([[0, 0, 0, 0, 0, 0, 1.0]])
+    values = torch.tensor([[0, 0.2, 0.3, 0.9, 0.1, 0.5, 0.6]])
+    skip, _ = skip_observation_gae(rewards, values, action, t.gamma, lam)
+    token, _ = gae(rewards, values, response, t.gamma, lam)
+    monte_carlo_minus_v = (rewards.flip(1).cumsum(1).flip(1) - values) * action
+    assert not torch.allclose(skip, monte_carlo_minus_v), "gamma = lam = 1: every GAE is the MC return minus V"
+    assert not torch.allclose(skip[action], token[action]), "skipping observations would change nothing"
