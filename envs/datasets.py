@@ -60,7 +60,7 @@ def _quiet_datasets() -> Iterator[None]:
     was_enabled = datasets.is_progress_bar_enabled()
     level = ds_logging.get_verbosity()
     datasets.disable_progress_bars()
-    ds_logging.set_verbosity_error()
+    ds_logging.set_verbosity(ds_logging.CRITICAL)  # a failed load is re-raised with its message
     try:
         yield
     finally:
@@ -77,13 +77,12 @@ def load_records(source: str, *, split: str = "train") -> tuple[Any, str]:
         raise ValueError(f"empty dataset name; give {SPEC_FORMS}")
     with _quiet_datasets():
         if source in BENCHMARKS:
-            path = benchmark_path(source)
-            return load_dataset(_FORMATS[path.suffix], data_files=str(path), split="train"), source
+            return _load_file(benchmark_path(source)), source
         path = Path(source).expanduser()
         if path.suffix in _FORMATS:
             if not path.is_file():
                 raise FileNotFoundError(f"dataset file {path} does not exist; give {SPEC_FORMS}")
-            return load_dataset(_FORMATS[path.suffix], data_files=str(path), split="train"), path.stem
+            return _load_file(path), path.stem
         if path.exists():
             raise ValueError(f"{path}: unsupported file type {path.suffix!r}; use one of {sorted(_FORMATS)}")
         try:
@@ -95,6 +94,21 @@ def load_records(source: str, *, split: str = "train") -> tuple[Any, str]:
                 f"{'/'.join(sorted(_FORMATS))} file, or set HF_HUB_OFFLINE=1 to read a copy in the HF cache"
             ) from e
         return ds, source.replace("/", "_")
+
+
+def _load_file(path: Path) -> Any:
+    from datasets import load_dataset
+
+    fmt = _FORMATS[path.suffix]
+    try:
+        return load_dataset(fmt, data_files=str(path), split="train")
+    except Exception as e:
+        # datasets wraps the parser's message (the useful part: what and which row) in a generic error.
+        cause = e.__cause__ or e.__context__ or e
+        raise ValueError(
+            f"dataset file {path} cannot be read as {fmt} ({type(cause).__name__}: {cause}); fix the file "
+            f"(one JSON object per line for .jsonl)"
+        ) from e
 
 
 def _pick(columns: list[str], wanted: str | None, candidates: tuple[str, ...], what: str, source: str) -> str:

@@ -31,7 +31,10 @@ def test_package_data_declared_for_every_benchmark() -> None:
 
 
 def test_training_tasks_from_jsonl_and_parquet(tmp_path: Path) -> None:
-    rows = [{"instance_id": "a-1", "problem_statement": "fix it", "FAIL_TO_PASS": '["t"]'}, {"id": "x", "n": 2}]
+    rows = [
+        {"instance_id": "a-1", "problem_statement": "fix it", "FAIL_TO_PASS": '["t"]'},
+        {"id": "x", "n": 2},
+    ]
     f = tmp_path / "tasks.jsonl"
     f.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     # A key some rows lack stays absent (no None filled in by the Arrow schema).
@@ -49,6 +52,10 @@ def test_training_tasks_from_jsonl_and_parquet(tmp_path: Path) -> None:
 def test_bad_dataset_specs_say_what_is_accepted(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match=r"does not exist.*shipped benchmark"):
         load_tasks(str(tmp_path / "gone.jsonl"))
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"id": "a"\n')
+    with pytest.raises(ValueError, match=r"broken.jsonl cannot be read as json \(ArrowInvalid: JSON parse error"):
+        load_tasks(str(broken))
     (tmp_path / "t.txt").write_text("x")
     with pytest.raises(ValueError, match="unsupported file type"):
         load_tasks(str(tmp_path / "t.txt"))
