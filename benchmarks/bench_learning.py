@@ -32,6 +32,7 @@ from benchmarks.rl_bench_common import (
     train_run,
     write_json,
 )
+from trainer.algos.registry import get_algorithm
 
 DEFAULT_CONFIG = Path("configs/bench/learning.yaml")
 
@@ -147,7 +148,7 @@ def run_config(
     if env.get("id") == "sao/OnlineWriting-v0":
         env.setdefault("kwargs", {})["schedule"] = f"bench-{env_name}-{variant}-{seed}-{time.monotonic_ns()}"
     t = cfg.setdefault("trainer", {})
-    if t.get("algorithm") == "grpo":
+    if get_algorithm(str(t.get("algorithm", "sao"))).grouped:  # a batch holds whole groups
         bs, g = int(t.get("batch_size", 8)), int(t.get("group_size", 4))
         t["batch_size"] = max(g, bs // g * g)
     return cfg
@@ -235,7 +236,7 @@ def run(lc: LearningConfig, echo: Callable[[str], None] = print) -> dict[str, An
             algo = cfg.get("trainer", {}).get("algorithm", "sao")
             entry["variants"][variant] = {
                 "label": spec["variants"][variant].get("label", variant),
-                "uses_critic": algo in ("sao", "ppo"),
+                "uses_critic": get_algorithm(algo).critic,
                 "summary": s,
                 "curves": curves,
                 "config": cfg,
