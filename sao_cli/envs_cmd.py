@@ -25,13 +25,14 @@ def list_cmd() -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from envs.registration import env_origin, list_envs
+    from envs.registration import PLUGIN_GROUP, env_origin, list_envs
 
     table = Table("id", "from", "description")
     for env_id, desc in list_envs():
         table.add_row(env_id, env_origin(env_id), desc)
     console = Console()
     console.print(table)
+    console.print(f"Envs of your own package: a {PLUGIN_GROUP!r} entry point (see docs/register_env.md).")
     _warn_plugin_errors(console)
 
 
