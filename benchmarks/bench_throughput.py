@@ -35,6 +35,7 @@ from benchmarks.rl_bench_common import (
     train_run,
     write_json,
 )
+from trainer.algos.registry import get_algorithm
 
 DEFAULT_CONFIG = Path("configs/bench/throughput.yaml")
 BASELINE = "sync_grpo"
@@ -91,7 +92,8 @@ def _scaled(cfg: dict[str, Any], scale: float) -> dict[str, Any]:
     if scale == 1.0:
         return cfg
     t, r = cfg.setdefault("trainer", {}), cfg.setdefault("rollout", {})
-    group = int(t.get("group_size", 1)) if t.get("algorithm") in ("grpo", "grpo_dis") else 1
+    grouped = get_algorithm(str(t.get("algorithm", "sao"))).grouped
+    group = int(t.get("group_size", 1)) if grouped else 1
     batch = max(group, round(int(t.get("batch_size", 8)) * scale / group) * group)
     t["batch_size"] = batch
     r["concurrency"] = max(1, round(int(r.get("concurrency", 4)) * scale))
