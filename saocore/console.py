@@ -11,6 +11,7 @@ that fits 80 columns, for anything a person waits for (training steps, evals, SF
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import shutil
 import sys
@@ -219,9 +220,21 @@ def third_party_to_log(path: str | Path) -> Iterator[Path]:
     sys.stdout = _Router(term_out, old_streams[0])
     sys.stderr = _Router(term_err, old_streams[1])
     _terminal = term_err
+    # Our own loggers' warnings are our messages: to the terminal (logging would write them from its own frames).
+    ours = logging.StreamHandler(term_err)
+    ours.setLevel(logging.WARNING)
+    ours.setFormatter(logging.Formatter("%(levelname)s: %(message)s"))
+    loggers = [logging.getLogger(name) for name in sorted(OUR_PACKAGES - {"__main__", "rich", "click", "typer"})]
+    old_propagate = [lg.propagate for lg in loggers]
+    for lg in loggers:
+        lg.addHandler(ours)
+        lg.propagate = False
     try:
         yield log
     finally:
+        for lg, prop in zip(loggers, old_propagate, strict=True):
+            lg.removeHandler(ours)
+            lg.propagate = prop
         for s in (sys.stdout, sys.stderr, *old_streams):
             with contextlib.suppress(Exception):
                 s.flush()

@@ -42,6 +42,7 @@ import os, sys, warnings
 from saocore.console import ProgressLine, say, third_party_to_log
 with third_party_to_log(sys.argv[1]):
     print("ours: printed by __main__")
+    import logging; logging.getLogger("trainer.run").warning("ours: a trainer warning")
     say("ours: said")
     warnings.warn("a third-party style warning")
     import logging; logging.getLogger("somelib").warning("somelib warning")
@@ -62,7 +63,13 @@ def test_third_party_output_goes_to_the_log(tmp_path: Path) -> None:
     res = subprocess.run([sys.executable, "-c", SCRIPT, str(log)], capture_output=True, text=True, env=env, timeout=120)
     assert res.returncode == 0, res.stderr
     console = res.stdout + res.stderr
-    for ours in ("ours: printed by __main__", "ours: said", "step 2/2 [##########]", "after: back to normal"):
+    for ours in (
+        "ours: printed by __main__",
+        "ours: said",
+        "WARNING: ours: a trainer warning",
+        "step 2/2 [##########]",
+        "after: back to normal",
+    ):
         assert ours in console
     text = log.read_text()
     for theirs in ("third-party style warning", "somelib warning", "C-level stderr", "child stdout", "Loading weights"):
