@@ -12,7 +12,8 @@ Usage::
 
 ``run_one`` is the single place an episode is played: a fresh env from ``env_factory()``, reset with
 ``options={"task": task}`` (or, with no task, the env's own seeded sampler), played by the ``Player`` (a token
-engine: ``TokenPlayer``; a chat endpoint or a script: ``ChatPlayer``), then closed (``agent.protocols.close_env``).
+engine: ``TokenPlayer``; a chat endpoint or a script: ``ChatPlayer``), then closed (``agent.protocols.close_env``);
+the trajectory's ``info`` gets ``episode`` (the index) and ``seed``.
 It never raises for one episode: an exception becomes ``infra_error_trajectory(...)``, the one constructor of
 such records. ``run`` bounds the episodes in flight with an ``asyncio_pool.AioPool`` of ``concurrency`` slots,
 writes each finished trajectory to ``out_path`` (fsynced) and then hands it to the callback, in finishing order.
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import inspect
 import time
 import traceback
@@ -247,12 +249,14 @@ class EpisodeRunner:
             episode = Episode(episode.index, episode.task, episode.seed, task_id)
         try:
             env = self.env_factory()
-            return await self.player.play(env, episode)
+            traj = await self.player.play(env, episode)
         except Exception as e:  # any failure of one episode must not end the run
-            return infra_error_trajectory(task_id, env_id_of(env) if env is not None else "unknown", e,
-                                          wall_s=time.perf_counter() - t0)  # fmt: skip
+            env_id = env_id_of(env) if env is not None else "unknown"
+            traj = infra_error_trajectory(task_id, env_id, e, wall_s=time.perf_counter() - t0)
         finally:
             await close_env(env)
+        # Which episode this was (resuming `sao collect`, matching eval samples): a new record, never a mutation.
+        return dataclasses.replace(traj, info={**traj.info, "episode": episode.index, "seed": episode.seed})
 
     # ---- many episodes ------------------------------------------------------------------------------------
     async def _emit(self, traj: Trajectory, on_trajectory: OnTrajectory | None) -> None:

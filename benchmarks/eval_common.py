@@ -1,11 +1,16 @@
-"""Shared parts of the evaluation CLIs: model SPEC parsing, one episode per model kind, durable JSONL, tables.
+"""Shared parts of the evaluation CLIs and ``sao collect``: the one model SPEC parser, the player each spec makes,
+durable JSONL, tables.
 
-A model SPEC names what plays the episodes:
+A model SPEC names what plays the episodes (episodes themselves run in ``agent.rollout.EpisodeRunner``):
 
 - ``vllm:http://host:port[,http://...]``: running vLLM server(s), token-in/token-out (``VLLMEngine``); the
   tokenizer comes from ``--tokenizer`` or the model path the server reports.
 - ``local:/path/to/checkpoint``: we launch a ``LocalVLLMServer`` on the checkpoint and stop it at the end.
 - ``hf:/path/to/checkpoint``: in-process transformers (``HFEngine``); for tiny models and CPU smoke runs.
+  ``local:`` and ``hf:`` also take a model alias (``smollm2``, see ``saocore.paths.resolve_model_path``), and a
+  bare alias (``--model smollm2``) means ``hf:`` on it.
+- ``solver``: the Python-tool arithmetic solver (``agent.engines.solver``; tokenizer from ``--tokenizer``, default
+  ``smollm2``): correct tool-use demonstrations from the env itself.
 - ``openai:MODEL@BASE_URL``: any OpenAI-compatible chat endpoint (``OpenAIChatModel``; key from
   ``OPENAI_API_KEY``), e.g. ``openai:gpt-4o-mini@https://api.example.com/v1``.
 - ``scripted:FILE``: a test fixture that replays fixed assistant messages per task: a JSONL of
@@ -26,13 +31,14 @@ from typing import Any
 
 from agent.engines.openai_chat import ChatReply
 from agent.engines.protocols import EngineError
-from agent.records import Trajectory
+from agent.loop import AgentConfig
+from agent.rollout import ChatPlayer, Player, TokenPlayer
 from saocore.jsonl import iter_jsonl
-from saocore.paths import resolve_model_path
+from saocore.paths import MODEL_ALIASES, resolve_model_path
 
 SPEC_HELP = (
-    "vllm:http://host:port[,http://...] | local:/path/to/checkpoint | hf:/path/to/checkpoint | "
-    "openai:MODEL@BASE_URL | scripted:FILE.jsonl"
+    "vllm:http://host:port[,http://...] | local:/path/to/checkpoint | hf:/path/to/checkpoint | smollm2 | "
+    "openai:MODEL@BASE_URL | scripted:FILE.jsonl | solver"
 )
 
 
@@ -42,7 +48,7 @@ class EvalError(ValueError):
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """A parsed ``--model`` value: ``kind`` in vllm/local/hf/openai/scripted and its target(s)."""
+    """A parsed ``--model`` value: ``kind`` in vllm/local/hf/openai/scripted/solver and its target(s)."""
 
     kind: str
     urls: tuple[str, ...] = ()
@@ -57,13 +63,20 @@ class ModelSpec:
             return self.model or self.urls[0]
         if self.kind == "openai":
             return self.model
-        return self.path
+        return self.path or self.kind
 
 
 def parse_model_spec(spec: str) -> ModelSpec:
     """Parse ``--model``; an unknown or malformed spec raises ``EvalError`` listing the accepted forms."""
+    if spec.strip() == "solver":
+        return ModelSpec("solver")
     kind, sep, rest = spec.partition(":")
     rest = rest.strip()
+    if not sep and spec.strip().lower() in MODEL_ALIASES:
+        path = resolve_model_path(spec)
+        if not Path(path, "config.json").is_file():
+            raise EvalError(f"--model {spec!r}: the alias names {path}, which holds no model; run scripts/setup.sh")
+        return ModelSpec("hf", path=path)
     if not sep or not rest:
         raise EvalError(f"--model {spec!r}: expected KIND:TARGET, one of {SPEC_HELP}")
     if kind == "vllm":
@@ -141,12 +154,9 @@ class EvalModel:
                     '{"id": ..., "actions": [...]} for them or select fewer tasks'
                 )
 
-    async def run(self, env: Any, task: Any, task_id: str, *, max_turns: int, seed: int | None = None) -> Trajectory:
-        """One episode of ``env`` on ``task`` (the env is neither reset before nor closed after)."""
-        options = {"task": task}
+    def player(self, *, max_turns: int, render_check_every: int = 0) -> Player:
+        """What plays this model's episodes in ``agent.rollout.EpisodeRunner``."""
         if self.engine is not None:
-            from agent.loop import AgentConfig, run_episode
-
             cfg = AgentConfig(
                 max_context_tokens=self.max_context_tokens,
                 max_action_tokens=min(self.max_action_tokens, self.max_context_tokens // 2),
@@ -154,11 +164,11 @@ class EvalModel:
                 temperature=self.temperature,
                 top_p=self.top_p,
             )
-            return await run_episode(env, self.engine, self.tokenizer, cfg, task_id=task_id, seed=seed, options=options)
-        from agent.chat_loop import run_chat_episode
-
-        model: Any = self.chat if self.chat is not None else _ScriptedChat(task_id, self.script.get(task_id, []))
-        return await run_chat_episode(env, model, max_turns=max_turns, task_id=task_id, seed=seed, options=options)
+            return TokenPlayer(self.engine, self.tokenizer, cfg, render_check_every=render_check_every)
+        if self.chat is not None:
+            return ChatPlayer(self.chat, max_turns=max_turns)
+        script = self.script
+        return ChatPlayer(per_task=lambda task_id: _ScriptedChat(task_id, script.get(task_id, [])), max_turns=max_turns)
 
     async def close(self) -> None:
         for part in (self.engine, self.chat):
@@ -205,6 +215,11 @@ async def build_model(
     )  # fmt: skip
     if spec.kind == "scripted":
         m.script = load_script(spec.path)
+    elif spec.kind == "solver":
+        from agent.engines.solver import SolverEngine
+
+        m.tokenizer = _load_tokenizer(tokenizer or resolve_model_path("smollm2"))
+        m.engine = SolverEngine(m.tokenizer)
     elif spec.kind == "openai":
         from agent.engines.openai_chat import OpenAIChatModel
 

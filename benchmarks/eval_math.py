@@ -1,9 +1,9 @@
 """``sao eval math``: a math benchmark (AIME 24/25, IMO-AnswerBench, any file) -> avg@k, pass@k, per-problem CSV.
 
-Each problem is played ``samples`` times (at most ``workers`` episodes at once), with ``--tools python``
-(``PythonToolEnv``: a sandboxed python tool, answer as ``\\boxed{}`` or via ``submit``) or ``--tools none``
-(``PlainAnswerEnv``: one assistant message, its last ``\\boxed{}`` graded). Grading is math-verify in both
-(``envs.python_tool.grade_answer``). avg@k is the mean fraction of correct samples per problem; pass@k uses the
+Each problem is played ``samples`` times (at most ``workers`` episodes at once, ``agent.rollout.EpisodeRunner``),
+with ``--tools python`` (``PythonToolEnv``: a sandboxed python tool, answer as ``\\boxed{}`` or via ``submit``) or
+``--tools none`` (``PlainAnswerEnv``: one assistant message, its last ``\\boxed{}`` graded). Grading is math-verify
+in both (``envs.python_tool.grade_answer``). avg@k is the mean fraction of correct samples per problem; pass@k uses the
 unbiased estimator ``1 - C(n-c, k) / C(n, k)``. A sample whose episode hit an infrastructure failure (sandbox,
 engine) is counted apart and left out of ``n`` (never a wrong answer). Written to ``--out``: ``samples.jsonl``
 and ``trajectories.jsonl`` (as each episode finishes, fsynced), ``problems.csv`` and ``report.json``.
@@ -11,22 +11,20 @@ and ``trajectories.jsonl`` (as each episode finishes, fsynced), ``problems.csv``
 
 from __future__ import annotations
 
-import asyncio
 import csv
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from agent.records import Trajectory, write_jsonl
+from agent.records import Trajectory
 from benchmarks.eval_common import (
     EvalError,
-    EvalModel,
     append_jsonl,
     build_model,
     parse_model_spec,
     pass_at_k,
-    progress,
     write_json,
 )
 from envs.base import MultiTurnEnv, Turn
@@ -86,34 +84,19 @@ class PlainAnswerEnv(MultiTurnEnv):
         return Turn("Answer recorded.", reward=float(ok), terminated=True, info={"report": report, "solved": ok})
 
 
-def _make_env(cfg: MathEvalConfig, task: dict[str, Any]) -> MultiTurnEnv:
+def _env_factory(cfg: MathEvalConfig) -> Callable[[], Any]:
     if cfg.tools == "none":
-        return PlainAnswerEnv()
-    from envs.python_tool import PythonToolEnv
+        return PlainAnswerEnv
+    from agent.rollout import env_factory
 
-    return PythonToolEnv(dataset=[task], max_steps=cfg.max_steps)
+    return env_factory("sao/PythonTool-v0", {"max_steps": cfg.max_steps})
 
 
-async def run_sample(
-    model: EvalModel, cfg: MathEvalConfig, task: dict[str, Any], k: int
-) -> tuple[Trajectory, dict[str, Any]]:
-    """Sample ``k`` of one problem; never raises (a failure is an infra_error sample)."""
-    env = _make_env(cfg, task)
-    t0 = time.perf_counter()
-    try:
-        traj = await model.run(env, task, task["id"], max_turns=cfg.max_steps + 1, seed=k)
-    except Exception as e:  # a sandbox or engine failure ends this sample only
-        traj = Trajectory(
-            task["id"], type(env).__name__, (), 0.0, "infra_error", {"infra_error": f"{type(e).__name__}: {e}"}
-        )
-    finally:
-        try:
-            await env.aclose()
-        except Exception:  # closing a broken sandbox must not hide the verdict
-            pass
+def sample_row(task: dict[str, Any], k: int, traj: Trajectory) -> dict[str, Any]:
+    """One sample's line in ``samples.jsonl`` (an infra error is never a wrong answer)."""
     report = traj.info.get("report") or {}
-    infra = traj.info.get("infra_error")
-    row = {
+    infra = traj.info.get("infra_error") if traj.status == "infra_error" else None
+    return {
         "id": task["id"],
         "sample": k,
         "answer": task["answer"],
@@ -122,9 +105,8 @@ async def run_sample(
         "infra_error": infra,
         "turns": traj.info.get("turns", 0),
         "truncation_reason": traj.info.get("truncation_reason"),
-        "seconds": round(time.perf_counter() - t0, 2),
+        "seconds": round(traj.timings.get("total_s", 0.0), 2),
     }
-    return traj, row
 
 
 async def run_math(cfg: MathEvalConfig) -> dict[str, Any]:
@@ -148,21 +130,23 @@ async def run_math(cfg: MathEvalConfig) -> dict[str, Any]:
     t0 = time.perf_counter()
     try:
         model.check_tasks([t["id"] for t in tasks])
-        slots, lock = asyncio.Semaphore(cfg.workers), asyncio.Lock()
-        with progress(len(tasks) * cfg.samples, "math") as bar:
-            bar_task = bar.add_task("", total=len(tasks) * cfg.samples)
+        from agent.rollout import Episode, EpisodeRunner, RunnerConfig
 
-            async def one(task: dict[str, Any], k: int) -> None:
-                async with slots:
-                    traj, row = await run_sample(model, cfg, task, k)
-                async with lock:
-                    await asyncio.to_thread(write_jsonl, out / "trajectories.jsonl", [traj])
-                    await asyncio.to_thread(append_jsonl, out / "samples.jsonl", row)
-                    rows.append(row)
-                    acc = sum(r["correct"] for r in rows) / len(rows)
-                    bar.update(bar_task, advance=1, description=f"correct so far {acc:.3f}")
+        # Sample k of a problem is reset with seed k; every sample's task id is the problem's.
+        plan = [(t, k) for t in tasks for k in range(cfg.samples)]
+        episodes = [Episode(i, t, k, t["id"]) for i, (t, k) in enumerate(plan)]
+        player = model.player(max_turns=cfg.max_steps + 1)
+        runner = EpisodeRunner(
+            _env_factory(cfg), player, RunnerConfig(cfg.workers), out_path=out / "trajectories.jsonl"
+        )
 
-            await asyncio.gather(*(one(t, k) for t in tasks for k in range(cfg.samples)))
+        def finished_one(traj: Trajectory) -> None:
+            task, k = plan[int(traj.info["episode"])]
+            row = sample_row(task, k, traj)
+            append_jsonl(out / "samples.jsonl", row)
+            rows.append(row)
+
+        await runner.run(episodes, on_trajectory=finished_one)
     finally:
         await model.close()
     report = summarize(tasks, rows, cfg.samples, model=spec.name, dataset=cfg.dataset, tools=cfg.tools)

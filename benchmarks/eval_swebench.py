@@ -1,8 +1,9 @@
 """``sao eval swebench``: run an agent on SWE-bench-format instances in ``SWEEnv``, write predictions, grade, report.
 
-Per instance (at most ``workers`` at once): a fresh ``SWEEnv`` episode; when it ends the env has graded the repo's
-diff in a fresh container with the swebench grading functions (an episode cut by the agent's own limits is
-graded here the same way). Written as each instance finishes, flushed and fsynced, in ``--out``:
+Per instance (at most ``workers`` at once, through ``agent.rollout.EpisodeRunner``): a fresh ``SWEEnv`` episode;
+when it ends the env has graded the repo's diff in a fresh container with the swebench grading functions (an
+episode cut by the agent's own limits is graded by the env the same way, ``aend``). Written as each instance
+finishes, flushed and fsynced, in ``--out``:
 ``predictions.jsonl`` (official format: ``instance_id``, ``model_name_or_path``, ``model_patch``),
 ``trajectories.jsonl`` and ``results.jsonl`` (our verdict per instance). A rerun with the same ``--out`` skips
 instances that already have a prediction and a result (infra failures are retried). ``report.json`` and a table
@@ -13,21 +14,19 @@ sum up: resolved / total, with infrastructure failures (Docker, grader, engine) 
 
 from __future__ import annotations
 
-import asyncio
 import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from agent.records import Trajectory, write_jsonl
+from agent.records import Trajectory
 from benchmarks.eval_common import (
     EvalError,
     EvalModel,
     append_jsonl,
     build_model,
     parse_model_spec,
-    progress,
     read_jsonl_records,
     write_json,
 )
@@ -127,36 +126,13 @@ def _verdict(resolved: bool | None, infra: str | None) -> str:
     return "infra_error" if infra else ("resolved" if resolved else "unresolved")
 
 
-async def run_instance(rec: dict[str, Any], model: EvalModel, cfg: SWEEvalConfig) -> tuple[Trajectory, dict[str, Any]]:
-    """One episode on ``rec``; returns its trajectory and result record (never raises for one instance)."""
-    from envs.swe.env import SWEEnv
-
-    iid = rec["instance_id"]
-    t0 = time.perf_counter()
-    env = SWEEnv(max_steps=cfg.max_steps, grade_timeout_s=cfg.grade_timeout_s)
-    report: dict[str, Any] | None = None
-    try:
-        # One turn past the env's step limit: the env's own limit ends (and grades) the episode first.
-        traj = await model.run(env, rec, iid, max_turns=cfg.max_steps + 1)
-        infra = traj.info.get("infra_error")
-        report = traj.info.get("report")
-        if report is None and not infra:
-            # The agent stopped (context full, turn cap) with the env still open: grade the repo as it stands.
-            grade = await env.on_truncation(str(traj.info.get("truncation_reason", "agent_limit")))
-            if grade is not None:
-                report = grade.report
-                traj.info.update(report=report, solved=grade.solved)
-    except Exception as e:  # one instance's failure (Docker, engine, grader) must not end the run
-        infra = f"{type(e).__name__}: {e}"
-        traj = Trajectory(iid, "sao/SWE-v0", (), 0.0, "infra_error", {"infra_error": infra}, {})
-    finally:
-        try:
-            await env.aclose()
-        except Exception:  # closing a broken sandbox must not hide the verdict
-            pass
-    resolved = bool(report and report.get("resolved"))
-    patch = (report or {}).get("model_patch", "")
-    result = {
+def result_of(iid: str, traj: Trajectory) -> dict[str, Any]:
+    """Our verdict on one finished episode (the env graded the repo when the episode ended, however it ended)."""
+    infra = traj.info.get("infra_error") if traj.status == "infra_error" else None
+    report = traj.info.get("report") or {}
+    resolved = bool(report.get("resolved"))
+    patch = report.get("model_patch", "")
+    return {
         "instance_id": iid,
         "verdict": _verdict(resolved, infra),
         "resolved": resolved,
@@ -164,11 +140,10 @@ async def run_instance(rec: dict[str, Any], model: EvalModel, cfg: SWEEvalConfig
         "episode_status": traj.status,
         "truncation_reason": traj.info.get("truncation_reason"),
         "patch_lines": patch.count("\n") if patch else 0,
-        "patch_applied": (report or {}).get("patch_successfully_applied", bool(patch)),
+        "patch_applied": report.get("patch_successfully_applied", bool(patch)),
         "error": infra,
-        "seconds": round(time.perf_counter() - t0, 2),
+        "seconds": round(traj.timings.get("total_s", 0.0), 2),
     }
-    return traj, result
 
 
 # ---- run -------------------------------------------------------------------------------------------------------
@@ -221,31 +196,28 @@ async def run_swebench(cfg: SWEEvalConfig) -> dict[str, Any]:
 
 
 async def _run_all(todo: list[dict[str, Any]], model: EvalModel, cfg: SWEEvalConfig, skipped: int) -> None:
+    from agent.rollout import Episode, EpisodeRunner, RunnerConfig, env_factory
+
     out = cfg.out
-    slots = asyncio.Semaphore(cfg.workers)
-    lock = asyncio.Lock()
-    counts = {"resolved": 0, "unresolved": 0, "infra_error": 0}
-    with progress(len(todo), "swebench") as bar:
-        task = bar.add_task(f"{skipped} done before" if skipped else "", total=len(todo))
+    if skipped:
+        print(f"swebench: {skipped} instance(s) already done in {out}, {len(todo)} to run", flush=True)
+    make_env = env_factory("sao/SWE-v0", {"max_steps": cfg.max_steps, "grade_timeout_s": cfg.grade_timeout_s})
+    # One turn past the env's step limit: the env's own limit ends (and grades) the episode first.
+    player = model.player(max_turns=cfg.max_steps + 1)
+    runner = EpisodeRunner(make_env, player, RunnerConfig(cfg.workers), out_path=out / "trajectories.jsonl")
 
-        async def one(rec: dict[str, Any]) -> None:
-            async with slots:
-                traj, result = await run_instance(rec, model, cfg)
-            async with lock:
-                await asyncio.to_thread(write_jsonl, out / "trajectories.jsonl", [traj])
-                if result["verdict"] != "infra_error":
-                    patch = (traj.info.get("report") or {}).get("model_patch", "")
-                    pred = {"instance_id": rec["instance_id"], "model_name_or_path": model.spec.name}
-                    await asyncio.to_thread(append_jsonl, out / "predictions.jsonl", {**pred, "model_patch": patch})
-                # The result line comes last: it marks the instance finished for a resumed run.
-                await asyncio.to_thread(append_jsonl, out / "results.jsonl", result)
-                counts[result["verdict"]] += 1
-                desc = (
-                    f"resolved {counts['resolved']}, unresolved {counts['unresolved']}, infra {counts['infra_error']}"
-                )
-                bar.update(task, advance=1, description=desc)
+    def finished_one(traj: Trajectory) -> None:
+        rec = todo[int(traj.info["episode"])]
+        result = result_of(rec["instance_id"], traj)
+        if result["verdict"] != "infra_error":
+            patch = (traj.info.get("report") or {}).get("model_patch", "")
+            pred = {"instance_id": rec["instance_id"], "model_name_or_path": model.spec.name, "model_patch": patch}
+            append_jsonl(out / "predictions.jsonl", pred)
+        # The result line comes last: it marks the instance finished for a resumed run.
+        append_jsonl(out / "results.jsonl", result)
 
-        await asyncio.gather(*(one(r) for r in todo))
+    episodes = [Episode(i, rec, None, rec["instance_id"]) for i, rec in enumerate(todo)]
+    await runner.run(episodes, on_trajectory=finished_one)
 
 
 def summarize(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from sao_cli import bench, envs_cmd, eval_cmd, serve, sft, tasks, train
+from sao_cli import bench, collect, envs_cmd, eval_cmd, serve, sft, tasks, train
 
 app = typer.Typer(
     name="sao",
@@ -15,6 +15,7 @@ app = typer.Typer(
 )
 train.register(app)
 sft.register(app)
+collect.register(app)
 app.add_typer(eval_cmd.app, name="eval", help="Evaluate a model: SWE-bench Verified, math benchmarks.")
 app.add_typer(envs_cmd.app, name="envs", help="List and check the registered environments.")
 app.add_typer(tasks.app, name="tasks", help="Build offline SWE-bench-format tasks from PyPI sdists.")
