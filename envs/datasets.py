@@ -19,6 +19,7 @@ quickstart's training data): exact integer answers a small model can check by ru
 from __future__ import annotations
 
 import contextlib
+import os
 import random
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,6 +32,7 @@ BENCHMARKS: dict[str, str] = {
     "imo_answerbench": "imo_answerbench_v2.csv",
 }
 ARITHMETIC = "arithmetic"
+HUB_PROBE_TIMEOUT_S = 3.0
 PROBLEM_KEYS = ("problem", "prompt", "question", "Problem", "Question", "input")
 ANSWER_KEYS = ("answer", "Short Answer", "final_answer", "Answer", "solution_answer", "target")
 ID_KEYS = ("id", "Problem ID", "problem_id", "ID", "unique_id")
@@ -39,6 +41,21 @@ SPEC_FORMS = (
     f"a shipped benchmark ({', '.join(BENCHMARKS)}), a local {'/'.join(sorted(_FORMATS))} file or a Hugging Face "
     "dataset id"
 )
+
+
+def hub_available(timeout_s: float | None = None) -> bool:
+    """True when the Hugging Face Hub answers within ``timeout_s`` (or offline mode is on: the HF cache is then
+    read), so a dataset id that cannot load fails in seconds, not after minutes of retries."""
+    if any(os.environ.get(v, "").lower() in ("1", "true", "yes") for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")):
+        return True
+    import httpx
+    from huggingface_hub import constants
+
+    try:
+        httpx.head(constants.ENDPOINT, timeout=HUB_PROBE_TIMEOUT_S if timeout_s is None else timeout_s)
+        return True
+    except httpx.HTTPError:
+        return False
 
 
 def benchmark_path(name: str) -> Path:
@@ -85,6 +102,12 @@ def load_records(source: str, *, split: str = "train") -> tuple[Any, str]:
             return _load_file(path), path.stem
         if path.exists():
             raise ValueError(f"{path}: unsupported file type {path.suffix!r}; use one of {sorted(_FORMATS)}")
+        if not hub_available():
+            raise ValueError(
+                f"dataset {source!r} is not a shipped benchmark ({', '.join(BENCHMARKS)}) nor a local file, and the "
+                f"Hugging Face Hub does not answer from here (within {HUB_PROBE_TIMEOUT_S:g} s); pass a local "
+                f"{'/'.join(sorted(_FORMATS))} file, or set HF_HUB_OFFLINE=1 to read a copy in the HF cache"
+            )
         try:
             ds = load_dataset(source, split=split)
         except Exception as e:

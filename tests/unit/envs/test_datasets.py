@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -61,6 +62,11 @@ def test_bad_dataset_specs_say_what_is_accepted(tmp_path: Path) -> None:
         load_tasks(str(tmp_path / "t.txt"))
     with pytest.raises(ValueError, match="empty dataset name"):
         load_tasks(" ")
+    # A misspelt name is neither shipped nor a file: tried on the hub, failing in seconds where it is unreachable.
+    t0 = time.monotonic()
+    with pytest.raises(ValueError, match=r"'aime26' is not a shipped benchmark \(aime24, aime25, imo_answerbench\)"):
+        load_math_tasks("aime26")
+    assert time.monotonic() - t0 < 20
 
 
 def test_model_alias_resolves_in_training_and_eval(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
