@@ -207,6 +207,7 @@ class EpisodeRunner:
         self._emit_lock = asyncio.Lock()  # one writer at a time: whole lines, same order on disk and in the callback
         self._pools: contextlib.AsyncExitStack | None = None
         self._opened = 0
+        self.sandbox_pools: Any = None  # the sandboxes.pool.PoolSet while open
 
     # ---- lifetime of the warm sandbox pools ---------------------------------------------------------------
     async def __aenter__(self) -> EpisodeRunner:
@@ -214,7 +215,7 @@ class EpisodeRunner:
             from sandboxes.pool import warm_pools
 
             stack = contextlib.AsyncExitStack()
-            await stack.enter_async_context(warm_pools(self.cfg.concurrency))
+            self.sandbox_pools = await stack.enter_async_context(warm_pools(self.cfg.concurrency))
             self._pools = stack
         self._opened += 1
         return self
@@ -225,6 +226,7 @@ class EpisodeRunner:
             stack, self._pools = self._pools, None
             if stack is not None:
                 await stack.aclose()
+            self.sandbox_pools = None
 
     # ---- control ------------------------------------------------------------------------------------------
     def pause(self) -> None:
@@ -288,7 +290,8 @@ class EpisodeRunner:
             total = len(episodes)
         errors: list[BaseException] = []
         t_start = time.perf_counter()
-        async with self, AioPool(size=self.cfg.concurrency) as pool, _progress(self.cfg.progress, total) as bar:
+        # The bar closes after the pool has waited for the episodes in flight (context managers exit in reverse).
+        async with self, _progress(self.cfg.progress, total) as bar, AioPool(size=self.cfg.concurrency) as pool:
 
             async def one(episode: Episode) -> None:
                 await self._running.wait()  # a pause holds episodes that got a slot but have not started
@@ -302,11 +305,15 @@ class EpisodeRunner:
                     errors.append(e)
                     self.stop()
 
+            started = 0
             async for episode in _aiter(episodes):
                 await self._running.wait()
                 if self._stopped:
                     break
                 await pool.spawn(one(episode))  # waits for a free slot
+                started += 1
+                if total is not None and self.sandbox_pools is not None:
+                    self.sandbox_pools.remaining = total - started  # keep no warm containers nobody will use
         self.stats.wall_s += time.perf_counter() - t_start
         if errors:
             raise errors[0]
@@ -323,25 +330,19 @@ class _progress(contextlib.AbstractAsyncContextManager["Callable[[Trajectory], N
     async def __aenter__(self) -> Callable[[Trajectory], None]:
         if not self.enabled:
             return lambda t: None
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        from saocore.console import ProgressLine
 
-        self.bar = Progress(
-            TextColumn("episodes"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
-            TimeElapsedColumn(), console=Console(stderr=True),
-        )  # fmt: skip
-        self.bar.start()
-        self.task = self.bar.add_task("", total=self.total)
+        self.bar = ProgressLine("episodes", self.total)  # one 80-column line with an ETA
 
         def advance(t: Trajectory) -> None:
             self.n += 1
             self.reward += t.reward
             self.infra += t.status == "infra_error"
             desc = f"mean reward {self.reward / self.n:.3f}" + (f", infra errors {self.infra}" if self.infra else "")
-            self.bar.update(self.task, advance=1, description=desc)
+            self.bar.advance(1, desc)
 
         return advance
 
     async def __aexit__(self, *exc: object) -> None:
         if self.enabled:
-            self.bar.stop()
+            self.bar.close()

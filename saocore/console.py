@@ -56,7 +56,8 @@ def _fmt_s(seconds: float) -> str:
 
 
 class ProgressLine:
-    """``LABEL done/total [####----] elapsed<eta STATUS`` on one line of at most 80 columns.
+    """``LABEL done/total [####----] elapsed<eta STATUS`` on one line of at most 80 columns (``total`` None or 0:
+    ``LABEL done elapsed STATUS``).
 
     On a terminal the line is redrawn in place; on a pipe or file one line is written per update at most every
     ``every_s`` seconds (and the last one), so logs stay short. ``enabled=False`` shows nothing.
@@ -65,7 +66,7 @@ class ProgressLine:
     def __init__(
         self,
         label: str,
-        total: int,
+        total: int | None,
         *,
         done: int = 0,
         status: str = "",
@@ -74,7 +75,7 @@ class ProgressLine:
         every_s: float = 10.0,
         bar_width: int = 10,
     ) -> None:
-        self.label, self.total, self.done = label, max(int(total), 0), int(done)
+        self.label, self.total, self.done = label, max(int(total or 0), 0), int(done)
         self.enabled, self.every_s, self.bar_width = enabled, every_s, bar_width
         self.status = status
         self._stream = stream
@@ -105,12 +106,14 @@ class ProgressLine:
 
     def render(self) -> str:
         """The line as text (what is shown), cut to ``width()`` characters."""
-        frac = min(self.done / self.total, 1.0) if self.total else 0.0
-        filled = int(frac * self.bar_width)
-        bar = "#" * filled + "-" * (self.bar_width - filled)
-        eta = self.eta_s()
-        times = f"{_fmt_s(time.monotonic() - self._t0)}<{_fmt_s(eta) if eta is not None else '?'}"
-        text = f"{self.label} {self.done}/{self.total} [{bar}] {times}"
+        elapsed = _fmt_s(time.monotonic() - self._t0)
+        if self.total:
+            filled = int(min(self.done / self.total, 1.0) * self.bar_width)
+            bar = "#" * filled + "-" * (self.bar_width - filled)
+            eta = self.eta_s()
+            text = f"{self.label} {self.done}/{self.total} [{bar}] {elapsed}<{_fmt_s(eta) if eta is not None else '?'}"
+        else:  # an open-ended count: no bar, no ETA
+            text = f"{self.label} {self.done} {elapsed}"
         if self.status:
             text += f" {self.status}"
         w = self.width()
@@ -121,7 +124,7 @@ class ProgressLine:
         self.done = int(done)
         if status is not None:
             self.status = status
-        self._write(force=self.done >= self.total)
+        self._write(force=bool(self.total) and self.done >= self.total)
 
     def advance(self, n: int = 1, status: str | None = None) -> None:
         self.update(self.done + n, status)
@@ -153,7 +156,7 @@ class ProgressLine:
         if self.in_place:
             self.redraw()
             self.stream.write("\n")
-        elif self._last_write == 0.0 or self.done < self.total:
+        elif self._last_write == 0.0 or not self.total or self.done < self.total:
             self.stream.write(self.render() + "\n")
         self.stream.flush()
         self.enabled = False
