@@ -25,6 +25,7 @@ from torch import nn
 from agent.records import Trajectory
 from trainer import distributed as dist_utils
 from trainer.algos.advantages import RunningMeanBaseline, whiten, whiten_stats
+from trainer.algos.logprobs import token_logprobs
 from trainer.algos.losses import value_loss
 from trainer.algos.registry import (
     AdvantageInputs,
@@ -36,6 +37,10 @@ from trainer.algos.registry import (
 from trainer.batch import Batch, collate
 from trainer.config import Config, ConfigError
 from trainer.models import shifted_values
+
+# Rows of the LM head computed at a time for logprobs: 1,024 x V float32 is 200 MB at SmolLM2's 49k vocabulary,
+# 620 MB at a 152k one (docs/scale.md).
+LOGPROB_CHUNK_TOKENS = 1024
 
 # -- DeepSpeed helpers shared by the learner, value pretraining and SFT ------------------------------------------
 
@@ -224,12 +229,20 @@ class Learner:
 
     # -- forward helpers -------------------------------------------------------------------------------------
     def _logp(self, b: Batch, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Current-policy logprob of every token ``[B, T]`` (0 at t = 0) under the SAMPLED distribution (logits /
-        rollout temperature, restricted to ``allowed`` ids when sampling was), and optionally its entropy."""
-        out = self.actor(input_ids=b.input_ids, attention_mask=b.attention_mask, position_ids=b.position_ids)
-        return _token_logprobs(
-            out.logits, b.input_ids, self.temperature, self.allowed, with_entropy, self.cfg.trainer.entropy_coef > 0
-        )
+        """Current-policy logprob ``[B, T]`` of the action tokens (0 elsewhere, where nothing reads it) under the
+        SAMPLED distribution (logits / rollout temperature, restricted to ``allowed`` ids when sampling was), and
+        optionally its entropy."""
+        # Hidden states, not logits: the LM head runs a chunk of rows at a time inside token_logprobs (recomputed in
+        # backward), so no [B, T, V] float32 tensor exists; only the action tokens' rows are projected.
+        out = self.actor(
+            input_ids=b.input_ids, attention_mask=b.attention_mask, position_ids=b.position_ids,
+            output_hidden_states=True, logits_to_keep=1,
+        )  # fmt: skip
+        return token_logprobs(
+            out.hidden_states[-1], self.actor.module.get_output_embeddings(), b.input_ids,
+            temperature=self.temperature, allowed=self.allowed, with_entropy=with_entropy,
+            entropy_grad=self.cfg.trainer.entropy_coef > 0, chunk_tokens=LOGPROB_CHUNK_TOKENS, positions=b.action_mask,
+        )  # fmt: skip
 
     def _values(self, b: Batch) -> torch.Tensor:
         assert self.critic is not None
@@ -469,43 +482,6 @@ class Learner:
             if eng is not None:
                 bad += sum(float((~torch.isfinite(p.detach())).sum()) for p in eng.module.parameters())
         return dist_utils.all_reduce_sum([bad])[0] == 0
-
-
-def _token_logprobs(
-    logits: torch.Tensor,
-    input_ids: torch.Tensor,
-    temperature: float,
-    allowed: torch.Tensor | None,
-    with_entropy: bool,
-    entropy_grad: bool,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``logp[b, t] = log softmax(logits[b, t - 1] / temperature)[input_ids[b, t]]`` (0 at t = 0), float32.
-
-    ``allowed``: sampling was restricted to these ids, so the policy is the softmax over their logits alone (the
-    same distribution as masking the rest to -inf, without a full-vocabulary softmax); targets outside the set are
-    prompt/observation tokens, whose logprob is never used. ``entropy_grad``: the entropy carries its gradient
-    (an entropy bonus needs it).
-    """
-    lg = logits[:, :-1].float()
-    if temperature != 1.0:
-        lg = lg / temperature
-    target = input_ids[:, 1:]
-    if allowed is not None:
-        allowed = allowed.to(lg.device)
-        lg = lg.index_select(-1, allowed)
-        lookup = torch.zeros(logits.shape[-1], dtype=torch.long, device=lg.device)
-        lookup[allowed] = torch.arange(allowed.numel(), device=lg.device)
-        target = lookup[target]
-    logp_all = torch.log_softmax(lg, -1)
-    logp = torch.zeros(input_ids.shape, dtype=torch.float32, device=lg.device)
-    logp[:, 1:] = logp_all.gather(-1, target.unsqueeze(-1)).squeeze(-1)
-    ent = None
-    if with_entropy:
-        lp = logp_all if entropy_grad else logp_all.detach()
-        probs = lp.exp()
-        ent = torch.zeros_like(logp)
-        ent[:, 1:] = -(probs * torch.where(probs > 0, lp, 0.0)).sum(-1)
-    return logp, ent
 
 
 def _finite_reward(tr: Trajectory) -> bool:
