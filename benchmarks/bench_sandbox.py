@@ -1,5 +1,6 @@
 """`sao bench sandbox`: sandbox overheads side by side (raw SDK exec vs DockerSandbox, cold start vs warm pool,
-concurrent episodes, bwrap), printed as a table and written as JSON."""
+env reset with and without the pool, concurrent episodes, a load of N concurrent Python-tool episodes through the
+episode runner, bwrap), printed as a table and written as JSON."""
 
 from __future__ import annotations
 
@@ -15,13 +16,16 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from agent.engines.openai_chat import ChatReply
 from sandboxes.config import PoolConfig, SandboxConfig
-from sandboxes.docker import DockerSandbox, run_blocking
+from sandboxes.docker import OWNER_PID_LABEL, DockerSandbox, get_client, run_blocking
 from sandboxes.images import ensure_base_image
-from sandboxes.pool import WarmPool
+from sandboxes.pool import WarmPool, warm_pools
 
 GOAL_EXEC_RATIO = 1.2
 GOAL_ACQUIRE_P50_MS = 50.0
+GOAL_RESET_P50_MS = 50.0
+LOAD_TASK = {"id": "load", "problem": "Compute 6 * 7.", "answer": "42"}
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -90,6 +94,104 @@ async def bench_start(cfg: SandboxConfig, n: int) -> dict[str, Any]:
     }
 
 
+class ToolUser:
+    """A scripted chat model for Python-tool episodes: one python call (printing the container's hostname and
+    6 * 7), then the boxed answer: two env steps, one sandbox exec."""
+
+    def __init__(self) -> None:
+        self.turn = 0
+
+    async def chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> ChatReply:
+        self.turn += 1
+        if self.turn == 1:
+            call = {"name": "python", "arguments": {"code": "import socket\nprint(socket.gethostname())\nprint(6 * 7)"}}
+            return ChatReply(f"<tool_call>{json.dumps(call)}</tool_call>")
+        return ChatReply("The tool printed it: \\boxed{42}")
+
+
+def owned_containers() -> int:
+    """Containers (any state) that this process made and has not removed."""
+    client = get_client()
+    return len(client.api.containers(all=True, filters={"label": f"{OWNER_PID_LABEL}={os.getpid()}"}))
+
+
+async def bench_env_reset(cfg: SandboxConfig, n: int) -> dict[str, Any]:
+    """``PythonToolEnv.areset`` (the sandbox an episode starts with) cold vs from the episode runner's warm pool."""
+    from envs.python_tool import PythonToolEnv
+
+    async def reset_once() -> float:
+        env = PythonToolEnv(sandbox=cfg, max_steps=2)
+        t0 = time.perf_counter()
+        await env.areset(options={"task": LOAD_TASK})
+        dt = time.perf_counter() - t0
+        await env.aclose()
+        return dt
+
+    cold = [await reset_once() for _ in range(n)]
+    warm = []
+    async with warm_pools(2) as pools:
+        await reset_once()  # first use of this sandbox config: its pool is made
+        await reset_once()  # second use: from now on the pool keeps containers warm
+        for _ in range(n):
+            await pools.pools[0].wait_warm(120)
+            warm.append(await reset_once())
+    return {
+        "cold_reset_p50_ms": ms(statistics.median(cold)),
+        "cold_reset_p95_ms": ms(pct(cold, 0.95)),
+        "pool_reset_p50_ms": ms(statistics.median(warm)),
+        "pool_reset_p95_ms": ms(pct(warm, 0.95)),
+        "pool_reset_goal_ms": GOAL_RESET_P50_MS,
+        "n": n,
+        "containers_left": await run_blocking(owned_containers),
+    }
+
+
+async def run_load(cfg: SandboxConfig, episodes: int, concurrency: int | None = None) -> dict[str, Any]:
+    """``episodes`` Python-tool episodes, ``concurrency`` (default: all) at once, through ``EpisodeRunner`` and its
+    warm pool: completed, lost, episode p50/p95, errors by type, distinct containers, containers left after."""
+    from collections import Counter
+
+    from agent.records import Trajectory
+    from agent.rollout import ChatPlayer, Episode, EpisodeRunner, RunnerConfig
+    from envs.python_tool import PythonToolEnv
+
+    runner = EpisodeRunner(
+        lambda: PythonToolEnv(sandbox=cfg, max_steps=4, code_timeout=120),
+        ChatPlayer(per_task=lambda _: ToolUser(), max_turns=4),
+        RunnerConfig(concurrency or episodes, progress=False),
+    )
+    trajs: list[Trajectory] = []
+    t0 = time.perf_counter()
+    await runner.run([Episode(i, LOAD_TASK, i, f"load-{i}") for i in range(episodes)], on_trajectory=trajs.append)
+    wall = time.perf_counter() - t0
+    errors = Counter(
+        str(t.info.get("infra_error", "")).split(":", 1)[0] or "unknown" for t in trajs if t.status == "infra_error"
+    )
+    wrong = [t for t in trajs if t.status != "infra_error" and t.reward != 1.0]
+    hosts = set()
+    for t in trajs:
+        tool_msgs = [m["content"] for m in t.info.get("messages", []) if m.get("role") in ("tool", "user")][1:]
+        if tool_msgs and tool_msgs[0].strip():
+            hosts.add(tool_msgs[0].split()[0])
+    times = [t.timings.get("total_s", 0.0) for t in trajs]
+    return {
+        "episodes": episodes,
+        "concurrency": concurrency or episodes,
+        "completed": len(trajs),
+        "lost": episodes - len(trajs),
+        "solved": sum(t.reward == 1.0 for t in trajs),
+        "wrong_answers": len(wrong),
+        "infra_errors": sum(errors.values()),
+        "errors_by_type": dict(errors),
+        "distinct_containers": len(hosts),
+        "episode_p50_s": round(statistics.median(times), 2) if times else None,
+        "episode_p95_s": round(pct(times, 0.95), 2) if times else None,
+        "wall_s": round(wall, 2),
+        "containers_left": await run_blocking(owned_containers),
+        "load_avg": os.getloadavg(),
+    }
+
+
 async def bench_concurrent(cfg: SandboxConfig, episodes: int, commands: int, pool_size: int) -> dict[str, Any]:
     """``episodes`` concurrent episodes, each leasing a container and running ``commands`` commands."""
     latencies: list[float] = []
@@ -143,7 +245,7 @@ async def bench_bwrap(n: int) -> dict[str, Any]:
     return {"bwrap_exec_p50_ms": ms(statistics.median(times)), "bwrap_exec_p95_ms": ms(pct(times, 0.95)), "n": n}
 
 
-async def run_all(n: int, episodes: int, commands: int, pool_size: int) -> dict[str, Any]:
+async def run_all(n: int, episodes: int, commands: int, pool_size: int, load: int) -> dict[str, Any]:
     image = await run_blocking(ensure_base_image)
     cfg = SandboxConfig(image=image, mem_limit="512m", cpus=1.0, pids_limit=256)
     results: dict[str, Any] = {
@@ -153,7 +255,9 @@ async def run_all(n: int, episodes: int, commands: int, pool_size: int) -> dict[
     steps: list[tuple[str, Callable[[], Awaitable[dict[str, Any]]]]] = [
         ("exec_overhead", lambda: bench_exec_overhead(cfg, n)),
         ("start", lambda: bench_start(cfg, max(5, n // 2))),
+        ("env_reset", lambda: bench_env_reset(cfg, max(5, n // 2))),
         ("concurrent", lambda: bench_concurrent(cfg, episodes, commands, pool_size)),
+        ("load", lambda: run_load(cfg, load)),
         ("bwrap", lambda: bench_bwrap(n)),
     ]
     for name, step in steps:
@@ -165,6 +269,9 @@ async def run_all(n: int, episodes: int, commands: int, pool_size: int) -> dict[
 
 def table_rows(r: dict[str, Any]) -> list[tuple[str, str, str]]:
     e, s, c, b = r["exec_overhead"], r["start"], r["concurrent"], r["bwrap"]
+    er, ld = r["env_reset"], r["load"]
+    reset_ok = "ok" if er["pool_reset_p50_ms"] <= GOAL_RESET_P50_MS else "MISSED"
+    load_ok = "ok" if ld["lost"] == 0 and ld["containers_left"] == 0 and not ld["wrong_answers"] else "FAILED"
     ratio_ok = "ok" if e["exec_ratio_p50"] <= GOAL_EXEC_RATIO else "MISSED"
     acq_ok = "ok" if s["pool_acquire_p50_ms"] <= GOAL_ACQUIRE_P50_MS else "MISSED"
     return [
@@ -174,6 +281,14 @@ def table_rows(r: dict[str, Any]) -> list[tuple[str, str, str]]:
         ("cold container start p50 / p95", f"{s['cold_start_p50_ms']} / {s['cold_start_p95_ms']} ms", ""),
         ("warm pool.acquire p50 / p95", f"{s['pool_acquire_p50_ms']} / {s['pool_acquire_p95_ms']} ms",
          f"goal <= {GOAL_ACQUIRE_P50_MS:.0f} ms: {acq_ok}"),
+        ("PythonTool env reset p50, cold / warm pool",
+         f"{er['cold_reset_p50_ms']} / {er['pool_reset_p50_ms']} ms",
+         f"goal <= {GOAL_RESET_P50_MS:.0f} ms: {reset_ok}"),
+        (f"load: {ld['episodes']} concurrent Python-tool episodes",
+         f"{ld['completed']} completed, {ld['lost']} lost, {ld['infra_errors']} infra errors in {ld['wall_s']} s",
+         f"{load_ok}; errors by type {ld['errors_by_type'] or 'none'}"),
+        ("  episode p50 / p95", f"{ld['episode_p50_s']} / {ld['episode_p95_s']} s",
+         f"{ld['distinct_containers']} distinct containers, {ld['containers_left']} left"),
         (f"{c['episodes']} episodes x {c['commands_per_episode']} commands",
          f"{c['succeeded']}/{c['episodes'] * c['commands_per_episode']} ok in {c['wall_s']} s",
          "all succeeded" if c["all_succeeded"] else "FAILURES"),
@@ -184,13 +299,13 @@ def table_rows(r: dict[str, Any]) -> list[tuple[str, str, str]]:
 
 
 def main(
-    out: Path | None = None, n: int = 30, episodes: int = 32, commands: int = 20, pool_size: int = 8
+    out: Path | None = None, n: int = 30, episodes: int = 32, commands: int = 20, pool_size: int = 8, load: int = 128
 ) -> dict[str, Any]:
     """Run every measurement, print the table, write the JSON to ``out`` (when given); returns the results."""
     from rich.console import Console
     from rich.table import Table
 
-    results = asyncio.run(run_all(n, episodes, commands, pool_size))
+    results = asyncio.run(run_all(n, episodes, commands, pool_size, load))
     table = Table(title="sao bench sandbox")
     for col in ("measure", "value", "goal"):
         table.add_column(col)

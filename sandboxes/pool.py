@@ -18,7 +18,8 @@ Envs do not hold pools themselves: they call ``acquire_sandbox(cfg)``. Inside ``
 (what the agent's episode runner opens, sized from its concurrency) that takes a container from a ``WarmPool``
 keyed by the sandbox config (image, limits), made on first use; a config asked for a second time is kept warm
 with ``size`` idle containers (so a set of one-off images, e.g. SWE-bench instances each seen once, never starts
-containers nobody uses), and only the ``max_warm`` most recently used configs keep idle containers. Leaving the
+containers nobody uses), never more than the episodes a finite run has left to start (``remaining``), and only
+the ``max_warm`` most recently used configs keep idle containers. Leaving the
 block removes every container of its pools. Outside such a block, and for bwrap, ``acquire_sandbox`` starts a
 sandbox cold.
 """
@@ -233,6 +234,13 @@ class PoolSet:
         self._uses: dict[str, int] = {}
         self._lock = asyncio.Lock()
         self.stats = {"acquired": 0, "warm": 0}
+        #: episodes still to start, when the caller knows (a finite run): no more idle containers than that.
+        self.remaining: int | None = None
+
+    @property
+    def target(self) -> int:
+        """Idle containers each warm pool keeps now."""
+        return self.size if self.remaining is None else max(0, min(self.size, self.remaining))
 
     @property
     def pools(self) -> list[WarmPool]:
@@ -253,8 +261,8 @@ class PoolSet:
                 self._pools[key] = pool
             self._pools.move_to_end(key)
             self._uses[key] = self._uses.get(key, 0) + 1
-            if self._uses[key] >= 2 and pool.pool.size != self.size:
-                await pool.resize(self.size)
+            if self._uses[key] >= 2 and pool.pool.size != self.target:
+                await pool.resize(self.target)
             for cold in list(self._pools.values())[: -self.max_warm]:
                 if cold.pool.size:
                     await cold.resize(0)

@@ -14,13 +14,14 @@ def sandbox(
     episodes: int = typer.Option(32, help="concurrent episodes"),
     commands: int = typer.Option(20, help="commands per episode"),
     pool_size: int = typer.Option(8, help="warm containers kept for the concurrent run"),
+    load: int = typer.Option(128, help="concurrent Python-tool episodes of the load run (episode runner + warm pool)"),
 ) -> None:
-    """Sandbox overheads: raw SDK exec vs DockerSandbox, cold start vs warm pool, concurrency, bwrap."""
+    """Sandbox overheads: SDK exec vs DockerSandbox, cold start vs warm pool, env reset, concurrency, load, bwrap."""
     from pathlib import Path
 
     from benchmarks.bench_sandbox import main
 
-    main(Path(out), n=n, episodes=episodes, commands=commands, pool_size=pool_size)
+    main(Path(out), n=n, episodes=episodes, commands=commands, pool_size=pool_size, load=load)
 
 
 @app.command("algos")
