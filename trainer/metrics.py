@@ -31,6 +31,7 @@ PLOT_KEYS = (
     "trained_tokens_per_s",
     "trainer_idle_frac",
     "weight_sync_s",
+    "skipped_steps",
 )
 
 
