@@ -44,14 +44,19 @@ def _micro_tensors(rows: list[Example], pad_id: int) -> dict[str, torch.Tensor]:
 
 def action_nll(model: Any, b: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, int]:
     """Summed negative log-likelihood of the loss-masked tokens, their count of correct argmax predictions,
-    and how many there are (token t is predicted from tokens < t)."""
-    out = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"])
-    logits = out.logits[:, :-1].float()
-    target = b["input_ids"][:, 1:]
-    mask = b["loss_mask"][:, 1:]
-    nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), target, reduction="none")
-    correct = ((logits.argmax(-1) == target) & mask).sum()
-    return (nll * mask).sum(), correct, int(mask.sum())
+    and how many there are (token t is predicted from tokens < t).
+
+    The LM head runs only on the positions that predict a loss token: SFT data is mostly prompt and observation,
+    and a ``[B, T, vocab]`` logits tensor would cost more time and memory than the rest of the step."""
+    lm = getattr(model, "module", model)  # a DeepSpeed engine wraps the HF model
+    backbone = getattr(lm, lm.base_model_prefix)
+    hidden = backbone(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).last_hidden_state
+    sel = b["loss_mask"][:, 1:]
+    logits = lm.get_output_embeddings()(hidden[:, :-1][sel]).float()
+    target = b["input_ids"][:, 1:][sel]
+    nll = torch.nn.functional.cross_entropy(logits, target, reduction="sum")
+    correct = (logits.argmax(-1) == target).sum()
+    return nll, correct, int(sel.sum())
 
 
 class SFTRun:
