@@ -2,8 +2,10 @@
 
 Concurrent ``generate`` calls are queued; a background task takes what is waiting (up to ``max_batch``), groups
 requests with the same temperature/top_p, left-pads them into one batch and runs ``model.generate`` in a
-thread (the event loop stays free for envs). Logprobs are ``log_softmax`` of the raw logits returned by
-``generate(output_logits=True)`` (before temperature / top-p), not ``output_scores`` (which are processed).
+thread (the event loop stays free for envs). Logprobs are those of the distribution each token was drawn from:
+``log_softmax`` of ``generate(output_scores=True)``'s scores, i.e. the logits after the same processors the
+sampler used (temperature, then top-k, then top-p with renormalisation); greedy decoding reports the
+temperature-1 logprob. A trainer that recomputes ``log_softmax(logits / T)`` gets the same numbers (top_p = 1).
 Weights change in place under a lock, between batches: ``set_weights(state_dict, version)`` for a trainer in
 the same process, ``update_weights(checkpoint_dir, version)`` from a safetensors checkpoint.
 """
@@ -85,9 +87,9 @@ class HFEngine:
             await asyncio.sleep(self.batch_wait_s)  # let concurrent callers join this batch
             while not queue.empty() and len(batch) < self.max_batch:
                 batch.append(queue.get_nowait())
-            groups: dict[tuple[float, float], list[_Request]] = {}
+            groups: dict[tuple[float, float, int], list[_Request]] = {}
             for r in batch:
-                groups.setdefault((r.sampling.temperature, r.sampling.top_p), []).append(r)
+                groups.setdefault((r.sampling.temperature, r.sampling.top_p, r.sampling.top_k), []).append(r)
             for reqs in groups.values():
                 try:
                     gens = await asyncio.to_thread(self._generate_batch, reqs)
@@ -120,23 +122,27 @@ class HFEngine:
                 do_sample=not greedy,
                 eos_token_id=stops or None,
                 pad_token_id=self.pad_id,
-                output_logits=True,
+                output_scores=True,
                 return_dict_in_generate=True,
             )
             if not greedy:
-                kw.update(temperature=sp.temperature, top_p=sp.top_p, top_k=0)
+                kw.update(temperature=sp.temperature, top_p=sp.top_p, top_k=sp.top_k)
             else:
                 kw.update(temperature=None, top_p=None, top_k=None)
             out = self.model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), **kw)
-            new = out.sequences[:, width:].cpu()
-            logps = torch.stack(out.logits, dim=1).float().log_softmax(-1).cpu()  # [batch, steps, vocab]
+            seqs = out.sequences[:, width:]
+            # One step at a time: never a [batch, steps, vocab] tensor. Scores hold the sampler's distribution.
+            logps = torch.stack(
+                [sc.float().log_softmax(-1).gather(1, seqs[:, j : j + 1])[:, 0] for j, sc in enumerate(out.scores)],
+                dim=1,
+            ).cpu()  # [batch, steps]
+            new = seqs.cpu()
             self.stats["batches"] += 1
             self.stats["requests"] += len(reqs)
         return [self._cut(r, new[i], logps[i], set(stops), version) for i, r in enumerate(reqs)]
 
     def _cut(self, r: _Request, toks: Any, logps: Any, stops: set[int], version: int) -> Generation:
         """One row of the batch: up to and including the first stop token, at most ``max_tokens``."""
-        import torch
 
         row = toks.tolist()[: r.sampling.max_tokens]
         own_stops = self.eos_ids | set(r.sampling.stop_token_ids)
@@ -146,7 +152,7 @@ class HFEngine:
                 n, reason = j + 1, "stop"
                 break
         row = row[:n]
-        lp = logps[torch.arange(n), row].tolist() if n else []
+        lp = logps[:n].tolist()
         return Generation(tuple(row), tuple(lp), reason, version)
 
     def set_weights(self, state_dict: dict[str, Any], version: int) -> None:

@@ -1,4 +1,5 @@
-"""HFEngine on a tiny random-init Llama: batching across callers, logprobs = forward pass, in-place weights."""
+"""HFEngine on a tiny random-init Llama: batching, logprobs of the sampled distribution = the trainer's recompute,
+in-place weights."""
 
 from __future__ import annotations
 
@@ -45,11 +46,49 @@ async def test_concurrent_callers_share_a_batch_and_get_their_own_tokens(model: 
     await engine.close()
 
 
-async def test_sampled_logprobs_are_before_temperature(model: torch.nn.Module) -> None:
+def trainer_logprobs(
+    model: torch.nn.Module, prompt: list[int], gen: tuple[int, ...], temperature: float
+) -> torch.Tensor:
+    """The trainer's recompute (``trainer.algos.logprobs.token_logprobs``, logits / T) of ``gen`` after ``prompt``."""
+    from trainer.algos.logprobs import token_logprobs
+
+    ids = torch.tensor([prompt + list(gen)])
+    with torch.no_grad():
+        hidden = model(ids, output_hidden_states=True).hidden_states[-1]
+        lp, _ = token_logprobs(hidden, model.get_output_embeddings(), ids, temperature=temperature)
+    return lp[0, len(prompt) :]
+
+
+async def _lag0_gap(model: torch.nn.Module, temperature: float, top_p: float = 1.0) -> tuple[float, float]:
+    """(max |rollout - trainer| logprob gap, max |raw T=1 logprob - trainer| gap), tokens sampled at ``temperature``."""
     engine = HFEngine(model, seed=1)
-    g = await engine.generate(PROMPTS[0], SamplingParams(max_tokens=8, temperature=2.0, top_p=0.9))
-    ref = forward_logprobs(model, PROMPTS[0], g.token_ids)
-    assert torch.allclose(torch.tensor(g.logprobs), ref, atol=1e-4)
+    gap, raw_gap = 0.0, 0.0
+    for p in PROMPTS:
+        g = await engine.generate(p, SamplingParams(max_tokens=8, temperature=temperature, top_p=top_p))
+        ref = trainer_logprobs(model, p, g.token_ids, temperature)
+        gap = max(gap, float((torch.tensor(g.logprobs) - ref).abs().max()))
+        raw_gap = max(raw_gap, float((forward_logprobs(model, p, g.token_ids) - ref).abs().max()))
+    await engine.close()
+    return gap, raw_gap
+
+
+async def test_logprob_gap_at_lag_0_is_as_small_at_temperature_07_as_at_1(model: torch.nn.Module) -> None:
+    gap_1, _ = await _lag0_gap(model, 1.0)
+    gap_07, raw_gap_07 = await _lag0_gap(model, 0.7)
+    assert gap_1 < 1e-4
+    assert gap_07 < max(2 * gap_1, 1e-5), (gap_07, gap_1)
+    # What the engine reported before (logprobs of the T=1 distribution) is far off at T=0.7: the test can fail.
+    assert raw_gap_07 > 1e-2
+
+
+async def test_top_p_logprobs_are_renormalised_over_the_nucleus(model: torch.nn.Module) -> None:
+    engine = HFEngine(model, seed=2)
+    p = PROMPTS[0]
+    g = await engine.generate(p, SamplingParams(max_tokens=6, temperature=0.7, top_p=0.5))
+    tempered = trainer_logprobs(model, p, g.token_ids, 0.7)
+    # The nucleus drops tokens: each sampled token is at least as likely under the renormalised distribution.
+    assert all(a >= b - 1e-5 for a, b in zip(g.logprobs, tempered.tolist(), strict=True))
+    assert all(lp <= 0.0 and lp > float("-inf") for lp in g.logprobs)
     await engine.close()
 
 
