@@ -41,14 +41,23 @@ def check_cmd(
     ids: list[str] = typer.Argument(
         None, help="Env ids to check, or module:sao/Name-v0 (default: every env `sao envs list` shows)."
     ),
+    kwargs: str = typer.Option("", "--kwargs", help="Constructor kwargs as JSON, e.g. '{\"turns\": 2}'."),
 ) -> None:
     """Run gymnasium's check_env on the registered environments; exit 1 if any fails."""
+    import json
+
     from rich.console import Console
 
     from envs.checking import check_envs
 
+    try:
+        env_kwargs = json.loads(kwargs) if kwargs.strip() else None
+    except json.JSONDecodeError as e:
+        raise typer.BadParameter(f"--kwargs is not JSON ({e}); write it like '{{\"turns\": 2}}'") from e
+    if env_kwargs is not None and not isinstance(env_kwargs, dict):
+        raise typer.BadParameter(f"--kwargs must be a JSON object, got {kwargs!r}")
     console = Console()
-    results = check_envs(ids or None)
+    results = check_envs(ids or None, env_kwargs)
     for r in results:
         color = {"ok": "green", "failed": "red", "skipped": "yellow"}[r.status]
         console.print(f"[{color}]{r.status:8}[/{color}] {r.env_id}  ({r.seconds:.1f} s)  {r.message}")

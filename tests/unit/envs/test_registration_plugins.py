@@ -47,6 +47,8 @@ def test_module_colon_id_form_without_installing(tmp_path: Path) -> None:
     assert res.returncode == 0 and "ok" in res.stdout, res.stdout + res.stderr
     res = _sao(["envs", "check", f"no_such_pkg.mod:{PLUGIN_ENV_ID}"], src)
     assert res.returncode == 1 and "cannot import module 'no_such_pkg.mod'" in res.stdout
+    res = _sao(["envs", "check", f"sao_demo_plugin.autoreg:{PLUGIN_ENV_ID}", "--kwargs", '{"turns": 0}'], src)
+    assert res.returncode == 1 and "TokenGame turns must be >= 1" in res.stdout
 
 
 def test_bad_env_kwarg_or_id_fails_before_the_first_episode(tmp_path: Path) -> None:
