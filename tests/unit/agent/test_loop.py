@@ -130,3 +130,56 @@ def test_tools_go_to_the_system_prompt_when_the_template_has_no_tool_support() -
 def test_bad_config_is_rejected() -> None:
     with pytest.raises(ValueError, match="max_context_tokens"):
         AgentConfig(max_context_tokens=100, max_action_tokens=100)
+
+
+# ---- per-turn rewards, the agent's own limit, render drift ----------------------------------------------------
+async def test_each_turns_reward_lands_on_its_own_action_segment() -> None:
+    env = ScriptedEnv([("o1", 0.5, False, False, {}), ("o2", 0.0, False, False, {}), ("o3", 1.0, True, False, {})])
+    traj = await run_episode(env, ScriptedEngine([act("a")]), TOK, AgentConfig())
+    assert [s.reward for s in traj.action_segments] == [0.5, 0.0, 1.0] and traj.reward == 1.5
+
+
+class GradingEnv(ScriptedEnv):
+    """A ScriptedEnv that grades what exists when the agent ends the episode (like MultiTurnEnv.aend)."""
+
+    def __init__(self, *a, grade: tuple[float, dict] = (1.0, {"solved": True}), **kw) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(*a, **kw)
+        self.grade, self.ended = grade, []
+
+    async def aend(self, reason: str):  # type: ignore[no-untyped-def]
+        self.ended.append(reason)
+        return self.grade
+
+
+async def test_the_agents_turn_cap_lets_the_env_grade_and_the_reward_joins_the_last_action() -> None:
+    env = GradingEnv([("o", 0.0, False, False, {})] * 5)
+    traj = await run_episode(env, ScriptedEngine([act("a")]), TOK, AgentConfig(max_turns=2))
+    assert env.ended == ["max_turns"] and traj.status == "truncated" and traj.info["solved"] is True
+    assert [s.reward for s in traj.action_segments] == [0.0, 1.0] and traj.reward == 1.0
+    env = GradingEnv([("o", 0.0, False, False, {})] * 5, grade=(0.0, {"infra_error": "SandboxError: gone"}))
+    traj = await run_episode(env, ScriptedEngine([act("a")]), TOK, AgentConfig(max_turns=2))
+    assert traj.status == "infra_error" and "gone" in traj.info["infra_error"]
+    env = GradingEnv([("o", 1.0, True, False, {})])  # the env ended it: no second grading
+    await run_episode(env, ScriptedEngine([act("a")]), TOK, AgentConfig())
+    assert env.ended == []
+
+
+class StrippingTokenizer(CharChatMLTokenizer):
+    """A template that strips assistant content when rendering history: not prefix-stable for such actions."""
+
+    def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=False, **kw):  # type: ignore[no-untyped-def]
+        msgs = [{**m, "content": m["content"].strip()} if m["role"] == "assistant" else m for m in messages]
+        return super().apply_chat_template(msgs, tokenize, add_generation_prompt, **kw)
+
+
+async def test_render_drift_is_zero_for_a_prefix_stable_template_and_measured_otherwise() -> None:
+    steps = [("o1", 0.0, False, False, {}), ("o2", 0.0, False, False, {}), ("o3", 1.0, True, False, {})]
+    traj = await run_episode(ScriptedEnv(steps), ScriptedEngine([act("a  ")]), TOK, AgentConfig(), check_render=True)
+    assert traj.info["render_drift"] == 0.0 and traj.info["render_drift_at"] == -1
+    tok = StrippingTokenizer()
+    traj = await run_episode(ScriptedEnv(steps), ScriptedEngine([act("a  ")]), tok, AgentConfig(), check_render=True)
+    assert 0.0 < traj.info["render_drift"] < 1.0
+    first_action = len(traj.segments[0].token_ids)
+    assert traj.info["render_drift_at"] == first_action + 1  # right after "a": the model saw the spaces
+    traj = await run_episode(ScriptedEnv(steps), ScriptedEngine([act("a  ")]), tok, AgentConfig())
+    assert "render_drift" not in traj.info  # only checked when asked (a sample of episodes)

@@ -112,3 +112,13 @@ async def test_a_failing_callback_stops_the_run_and_raises() -> None:
         assert "disk full" in str(e)
     else:
         raise AssertionError("the callback error was swallowed")
+
+
+async def test_a_sample_of_episodes_is_checked_for_render_drift_and_records_are_stamped() -> None:
+    player = TokenPlayer(ScriptedEngine([[40, 2]]), TOK, AgentConfig(), render_check_every=2)
+    worker = EpisodeRunner(two_turn_env, player, RunnerConfig(2, progress=False))
+    got: list = []
+    await worker.run(episodes_of(range(5)), on_trajectory=got.append)
+    checked = sorted(t.info["episode"] for t in got if "render_drift" in t.info)
+    assert checked == [0, 2, 4] and all(t.info["render_drift"] == 0.0 for t in got if "render_drift" in t.info)
+    assert sorted(t.info["seed"] for t in got) == [0, 1, 2, 3, 4]
