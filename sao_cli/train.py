@@ -85,13 +85,17 @@ def pretrain_value_cmd(
     epochs: Annotated[int, typer.Option("--epochs", help="passes over the rollouts")] = 2,
     overrides: Annotated[list[str] | None, typer.Argument(help="dotted overrides")] = None,
 ) -> None:
-    """Train only the critic on saved trajectories; use the result as critic.init."""
-    from trainer.config import ConfigError
+    """Train only the critic on saved trajectories; use the result as critic.init.
+
+    Third-party bars and warnings go to OUT/logs/third_party.log."""
+    from trainer.config import ConfigError, load_config
 
     try:
-        from trainer.value_pretrain import pretrain_value
+        dest = Path(out) if out else Path(load_config(config, list(overrides or [])).run.dir) / "value_init"
+        with third_party_to_log(dest / "logs" / "third_party.log"):
+            from trainer.value_pretrain import pretrain_value
 
-        path = pretrain_value(config, rollouts, out, epochs, list(overrides or []))
+            path = pretrain_value(config, rollouts, out, epochs, list(overrides or []))
     except ConfigError as e:
         _fail(e)
         return
