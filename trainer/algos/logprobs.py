@@ -135,7 +135,14 @@ def token_logprobs(
         lps.append(lp_c)
         if ent_c is not None:
             ents.append(ent_c)
-    return _place(lps, b, t, sel, hidden.device), (_place(ents, b, t, sel, hidden.device) if with_entropy else None)
+    logp = _place(lps, b, t, sel, hidden.device)
+    ent = _place(ents, b, t, sel, hidden.device) if with_entropy else None
+    if n == 0 and hidden.requires_grad:
+        # No row selected: zeros that still hang on the graph, so a loss built on them can call backward().
+        zero = hidden.sum().float() * 0.0
+        logp = logp + zero
+        ent = None if ent is None else ent + zero
+    return logp, ent
 
 
 def _place(parts: list[torch.Tensor], b: int, t: int, sel: torch.Tensor | None, device: torch.device) -> torch.Tensor:

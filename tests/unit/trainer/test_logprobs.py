@@ -143,6 +143,15 @@ def test_positions_compute_only_the_selected_tokens() -> None:
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
+def test_no_selected_position_gives_zeros_a_loss_can_still_backpropagate() -> None:
+    hidden, weight, ids = _inputs(torch.float32)
+    lp, ent = token_logprobs(hidden, lambda h: h @ weight.T, ids, with_entropy=True, entropy_grad=True,
+                             positions=torch.zeros(B, T, dtype=torch.bool))  # fmt: skip
+    assert ent is not None and float(lp.detach().abs().sum()) == 0.0 and float(ent.detach().abs().sum()) == 0.0
+    (lp.sum() + ent.sum()).backward()
+    assert hidden.grad is not None and float(hidden.grad.abs().sum()) == 0.0
+
+
 def test_restricted_vocabulary_is_the_distribution_with_the_rest_masked() -> None:
     hidden, weight, ids = _inputs(torch.float32)
     ids[:] = ALLOWED[ids % ALLOWED.numel()]
