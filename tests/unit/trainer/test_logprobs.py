@@ -205,7 +205,7 @@ def test_no_grad_and_short_inputs() -> None:
     assert ent is None and not lp.requires_grad
     torch.testing.assert_close(lp, naive(hidden, weight, ids)[0].detach())
     one, _ = token_logprobs(hidden[:, :1], lambda h: h @ weight.T, ids[:, :1])
-    assert one.shape == (B, 1) and float(one.abs().sum()) == 0.0
+    assert one.shape == (B, 1) and float(one.detach().abs().sum()) == 0.0
 
 
 def test_tiny_hf_model_hidden_states_give_the_model_logits() -> None:
