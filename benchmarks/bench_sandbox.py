@@ -38,6 +38,19 @@ def ms(x: float) -> float:
     return round(x * 1000, 2)
 
 
+def cold_vs_warm(
+    cold_name: str, cold: list[float], warm_name: str, warm: list[float], goal_ms: float
+) -> dict[str, Any]:
+    """p50 / p95 in ms of cold and warm timings (seconds), and the goal for the warm p50."""
+    return {
+        f"{cold_name}_p50_ms": ms(statistics.median(cold)),
+        f"{cold_name}_p95_ms": ms(pct(cold, 0.95)),
+        f"{warm_name}_p50_ms": ms(statistics.median(warm)),
+        f"{warm_name}_p95_ms": ms(pct(warm, 0.95)),
+        f"{warm_name}_goal_ms": goal_ms,
+    }
+
+
 async def bench_exec_overhead(cfg: SandboxConfig, n: int) -> dict[str, Any]:
     """Alternate a raw ``container.exec_run`` and ``DockerSandbox.exec`` of the same command on one container."""
     raw_s, sb_s = [], []
@@ -84,14 +97,7 @@ async def bench_start(cfg: SandboxConfig, n: int) -> dict[str, Any]:
             await sb.close()
     finally:
         await pool.aclose()
-    return {
-        "cold_start_p50_ms": ms(statistics.median(cold)),
-        "cold_start_p95_ms": ms(pct(cold, 0.95)),
-        "pool_acquire_p50_ms": ms(statistics.median(warm)),
-        "pool_acquire_p95_ms": ms(pct(warm, 0.95)),
-        "pool_acquire_goal_ms": GOAL_ACQUIRE_P50_MS,
-        "n": n,
-    }
+    return {**cold_vs_warm("cold_start", cold, "pool_acquire", warm, GOAL_ACQUIRE_P50_MS), "n": n}
 
 
 class ToolUser:
@@ -135,15 +141,8 @@ async def bench_env_reset(cfg: SandboxConfig, n: int) -> dict[str, Any]:
         for _ in range(n):
             await pools.pools[0].wait_warm(120)
             warm.append(await reset_once())
-    return {
-        "cold_reset_p50_ms": ms(statistics.median(cold)),
-        "cold_reset_p95_ms": ms(pct(cold, 0.95)),
-        "pool_reset_p50_ms": ms(statistics.median(warm)),
-        "pool_reset_p95_ms": ms(pct(warm, 0.95)),
-        "pool_reset_goal_ms": GOAL_RESET_P50_MS,
-        "n": n,
-        "containers_left": await run_blocking(owned_containers),
-    }
+    left = await run_blocking(owned_containers)
+    return {**cold_vs_warm("cold_reset", cold, "pool_reset", warm, GOAL_RESET_P50_MS), "n": n, "containers_left": left}
 
 
 async def run_load(cfg: SandboxConfig, episodes: int, concurrency: int | None = None) -> dict[str, Any]:

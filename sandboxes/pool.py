@@ -175,14 +175,17 @@ class WarmPool:
     async def resize(self, size: int) -> None:
         """Keep ``size`` idle containers from now on; surplus idle ones are removed at once."""
         self.pool.size = size
-        while self._idle.qsize() > size:
+        await self._remove_idle(keep=size)
+        self._wake.set()
+
+    async def _remove_idle(self, keep: int = 0) -> None:
+        while self._idle.qsize() > keep:
             item = self._idle.get_nowait()
             if isinstance(item, DockerSandbox):
                 with contextlib.suppress(SandboxError):
                     await item.close()
                 if self._host is not None:
                     self._host.release()
-        self._wake.set()
 
     async def aclose(self, drain_timeout: float = 30.0) -> None:
         """Stop refilling, remove idle containers, wait up to ``drain_timeout`` s for leased ones to be closed,
@@ -196,13 +199,7 @@ class WarmPool:
         # Starts already sent to the daemon finish (cancelling them would leak the container being created).
         if self._starting:
             await asyncio.gather(*self._starting, return_exceptions=True)
-        while not self._idle.empty():
-            item = self._idle.get_nowait()
-            if isinstance(item, DockerSandbox):
-                with contextlib.suppress(SandboxError):
-                    await item.close()
-                if self._host is not None:
-                    self._host.release()
+        await self._remove_idle()
         if self._leased:
             self._drained.clear()
             with contextlib.suppress(TimeoutError):
