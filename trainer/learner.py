@@ -251,9 +251,10 @@ class Learner:
     # -- the step --------------------------------------------------------------------------------------------
     def train_step(self, trajs: list[Trajectory]) -> dict[str, float]:
         """One policy version: advantages -> ``ppo_epochs`` policy steps -> K critic steps (see module doc)."""
-        full, m = self._collate(trajs)
+        full, bad = self._collate(trajs)
+        m: dict[str, float] = {"nonfinite_rewards": float(len(bad))}
         micro = shard_batch(full, self.cfg.deepspeed.micro_batch_size)
-        adv = self._advantages(full, micro, m)
+        adv = self._advantages(full, micro, bad, m)
         if adv is None:  # non-finite critic values: nothing of this batch can be trusted
             m.update(skipped_steps=float(self.cfg.trainer.ppo_epochs), trained_tokens=0.0)
             m["critic_skipped_steps"] = float(self.cfg.trainer.critic_updates_per_step)
@@ -263,9 +264,9 @@ class Learner:
             m.update(self._critic_steps(micro, adv))
         return m
 
-    def _collate(self, trajs: list[Trajectory]) -> tuple[Batch, dict[str, float]]:
-        """The global batch; trajectories with a non-finite reward keep their row (so every rank cuts the same
-        micro batches) with no trainable token."""
+    def _collate(self, trajs: list[Trajectory]) -> tuple[Batch, list[int]]:
+        """The global batch and the rows of trajectories with a non-finite reward: those keep their row (so every
+        rank cuts the same micro batches) with no trainable token."""
         bad = [i for i, tr in enumerate(trajs) if not _finite_reward(tr)]
         clean = [_zero_reward(tr) if i in bad else tr for i, tr in enumerate(trajs)]
         full = collate(clean, self.pad_token_id)
@@ -275,11 +276,14 @@ class Learner:
             full = dataclasses.replace(
                 full, action_mask=full.action_mask & ~rows, response_mask=full.response_mask & ~rows
             )
-        return full, {"nonfinite_rewards": float(len(bad))}
+        return full, bad
 
-    def _advantages(self, full: Batch, micro: list[Batch], m: dict[str, float]) -> _Advantages | None:
+    def _advantages(
+        self, full: Batch, micro: list[Batch], bad_rows: list[int], m: dict[str, float]
+    ) -> _Advantages | None:
         """Advantages (whitened if asked) for the policy; returns and values for the critic. None: the critic's
-        values are non-finite somewhere (counted in ``nonfinite_values``; the step is skipped)."""
+        values are non-finite somewhere (counted in ``nonfinite_values``; the step is skipped). ``bad_rows`` (no
+        trainable reward) stay out of the group and running-mean baselines."""
         t = self.cfg.trainer
         value_masks = [b.response_mask if self.adv_traits.token_level else b.action_mask for b in micro]
         advs: list[torch.Tensor] = []
@@ -297,17 +301,22 @@ class Learner:
                 advs.append(a)
                 rets.append(r)
         else:
-            a_full, _ = self.adv_fn(
-                AdvantageInputs(
-                    rewards=full.rewards,
-                    action_mask=full.action_mask,
-                    response_mask=full.response_mask,
-                    group_ids=full.group_ids,
-                    baseline=self.baseline,
-                    gamma=t.gamma,
-                    lam=t.lam,
+            keep = [i for i in range(full.shape[0]) if i not in set(bad_rows)]
+            a_full = torch.zeros(full.shape, dtype=torch.float32)
+            if keep:
+                sub = full.rows(keep)
+                a_sub, _ = self.adv_fn(
+                    AdvantageInputs(
+                        rewards=sub.rewards,
+                        action_mask=sub.action_mask,
+                        response_mask=sub.response_mask,
+                        group_ids=sub.group_ids,
+                        baseline=self.baseline,
+                        gamma=t.gamma,
+                        lam=t.lam,
+                    )
                 )
-            )
+                a_full[keep] = a_sub.float()
             rank, world = dist_utils.rank(), dist_utils.world_size()
             mine = list(range(rank, full.shape[0], world))
             mb = self.cfg.deepspeed.micro_batch_size

@@ -63,9 +63,9 @@ class MetricsWriter:
         """On resume: drop lines of steps after the checkpoint (a lost branch), so the step counter continues."""
         if not self.path.exists():
             return
-        keep = [ln for ln in self.path.read_text().splitlines() if _step_of(ln) is not None and _step_of(ln) <= step]  # type: ignore[operator]
+        keep = [r for _, r in iter_jsonl(self.path, torn_tail_ok=True) if 1 <= (_step_of(r) or 0) <= step]
         tmp = self.path.with_suffix(".tmp")
-        tmp.write_text("".join(ln + "\n" for ln in keep))
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in keep))
         os.replace(tmp, self.path)
 
     def write(self, step: int, metrics: dict[str, Any]) -> None:
@@ -86,9 +86,9 @@ class MetricsWriter:
             self._wandb.finish()
 
 
-def _step_of(line: str) -> int | None:
+def _step_of(rec: Any) -> int | None:
     try:
-        return int(json.loads(line)["step"])
+        return int(rec["step"])
     except (ValueError, KeyError, TypeError):
         return None
 

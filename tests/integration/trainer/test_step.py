@@ -152,10 +152,11 @@ def _poison(traj: Any, **change: Any) -> Any:
     return dataclasses.replace(traj, **change)
 
 
-def test_bad_rewards_and_rollout_logprobs_are_masked_and_counted(deepspeed_env: dict[str, str]) -> None:
+@pytest.mark.parametrize("algorithm", ["sao", "running_mean"])
+def test_bad_rewards_and_rollout_logprobs_are_masked_and_counted(deepspeed_env: dict[str, str], algorithm: str) -> None:
     import dataclasses
 
-    learner, trajs = _learner("sao", kind="llama")
+    learner, trajs = _learner(algorithm, kind="llama")
     segs = list(trajs[0].segments)
     lps = list(segs[1].logprobs)
     lps[0] = float("-inf")
@@ -172,6 +173,8 @@ def test_bad_rewards_and_rollout_logprobs_are_masked_and_counted(deepspeed_env: 
     assert m["trained_tokens"] == 4 * 6 - 2 - 6  # two masked tokens, one whole trajectory
     assert m["skipped_steps"] == 0 and _changed(a0, learner.actor.module)
     assert all(v == v for k, v in m.items() if k in ("pg_loss", "value_loss", "actor_grad_norm")), m
+    if not learner.spec.critic:  # the bad trajectory stays out of the reward baseline
+        assert learner.baseline.count == 3 and learner.baseline.mean == pytest.approx(0.1)  # EMA 0.9 of 0, 0, 1
 
 
 @pytest.mark.parametrize("zero_stage", [0, 2])
