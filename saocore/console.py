@@ -15,6 +15,7 @@ import logging
 import os
 import shutil
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -83,10 +84,18 @@ class ProgressLine:
         self._last_write = 0.0
         out = self.stream
         self.in_place = enabled and bool(getattr(out, "isatty", lambda: False)())
+        self._stop = threading.Event()
         if enabled:
             global _live
             _live = self
             self._write(force=True)
+        if self.in_place:  # the clock keeps ticking between updates: a long first step does not look hung
+            threading.Thread(target=self._tick, name="sao-progress", daemon=True).start()
+
+    def _tick(self) -> None:
+        while not self._stop.wait(1.0):
+            with contextlib.suppress(Exception):
+                self.redraw()
 
     @property
     def stream(self) -> TextIO:
@@ -149,6 +158,7 @@ class ProgressLine:
     def close(self) -> None:
         """Leave the final line on screen."""
         global _live
+        self._stop.set()
         if not self.enabled:
             return
         if _live is self:
