@@ -53,6 +53,8 @@ class SandboxConfig:
             would eat the pids limit.
         docker_host: Docker daemon URL (``None``: ``DOCKER_HOST`` or the local socket).
         kill_grace_s: seconds past a timeout before the sandbox forcibly kills every process it holds.
+        daemon_wait_s: how long creating a docker sandbox waits for a daemon that answered before and is
+            unreachable now (restarting); 0 fails at once. A daemon never reached always fails at once.
         bwrap_ro_binds: extra host paths visible read-only inside a bwrap sandbox (e.g. a venv).
     """
 
@@ -72,6 +74,7 @@ class SandboxConfig:
     init: bool = True
     docker_host: str | None = None
     kill_grace_s: float = 5.0
+    daemon_wait_s: float = 300.0
     bwrap_ro_binds: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -99,6 +102,8 @@ class SandboxConfig:
         self.cap_add = tuple(self.cap_add)
         if self.kill_grace_s <= 0:
             raise ValueError(f"sandbox.kill_grace_s: must be positive, got {self.kill_grace_s!r}")
+        if not isinstance(self.daemon_wait_s, int | float) or self.daemon_wait_s < 0:
+            raise ValueError(f"sandbox.daemon_wait_s: must be seconds >= 0, got {self.daemon_wait_s!r}")
         self.bwrap_ro_binds = tuple(self.bwrap_ro_binds)
         if self.workdir is not None and not self.workdir.startswith("/"):
             raise ValueError(f"sandbox.workdir: must be an absolute path inside the sandbox, got {self.workdir!r}")

@@ -16,6 +16,11 @@ read from the exec socket as it comes and capped (head + tail) so a command prin
 ``output_cap_bytes``. Containers carry the labels ``sao.owner=sao``, ``sao.owner_pid`` and ``sao.owner_host``;
 ``reap_orphans()`` removes those whose owner process is gone.
 
+Daemon restarts: a command running when the daemon goes away raises ``SandboxUnavailableError`` (the episode is an
+infra error); creating a sandbox while a daemon that answered before is unreachable waits for it, up to
+``SandboxConfig.daemon_wait_s``, so a run pauses through a restart instead of failing every new episode; a sandbox
+closed while the daemon is away is removed by the next one made on that daemon.
+
 Blocking SDK calls run on a dedicated thread pool (not the event loop's small default one), so 32 concurrent
 episodes do not queue behind each other. ``DOCKER_HOST`` (or ``SandboxConfig.docker_host``) picks the daemon.
 """
@@ -57,6 +62,12 @@ _KILL_EXIT = 137  # 128 + SIGKILL: what `timeout -s KILL` (and the OOM killer) l
 _EXECUTOR = ThreadPoolExecutor(max_workers=128, thread_name_prefix="sao-docker")
 _CLIENTS: dict[tuple[int, str], Any] = {}
 _CLIENTS_LOCK = threading.Lock()
+_ANSWERED: set[str] = set()  # daemons that answered this process once: a later outage is a restart, worth waiting
+_PENDING_REMOVAL: dict[str, set[str]] = {}  # daemon -> containers closed while it was unreachable
+
+
+def _host_key(docker_host: str | None) -> str:
+    return docker_host or os.environ.get("DOCKER_HOST") or ""
 
 
 async def run_blocking(fn: Callable[..., T], *args: Any) -> T:
@@ -76,7 +87,7 @@ def get_client(docker_host: str | None = None) -> Any:
     """A cached Docker SDK client for ``docker_host`` (``None``: ``DOCKER_HOST``/local socket); blocking.
 
     Raises ``SandboxUnavailableError`` when the daemon does not answer."""
-    host = docker_host or os.environ.get("DOCKER_HOST") or ""
+    host = _host_key(docker_host)
     key = (os.getpid(), host)
     with _CLIENTS_LOCK:
         client = _CLIENTS.get(key)
@@ -92,6 +103,7 @@ def get_client(docker_host: str | None = None) -> Any:
         except (docker.errors.DockerException, requests.exceptions.RequestException, OSError) as e:
             raise _unavailable(docker_host, e) from e
         _CLIENTS[key] = client
+        _ANSWERED.add(host)
         return client
 
 
@@ -195,7 +207,25 @@ class DockerSandbox:
 
     @classmethod
     def create_blocking(cls, cfg: SandboxConfig, labels: dict[str, str] | None = None) -> DockerSandbox:
+        """Start the container. A daemon that answered this process before and is unreachable now (restarting)
+        is waited for, up to ``cfg.daemon_wait_s``; one never reached fails at once (a setup error)."""
+        host = _host_key(cfg.docker_host)
+        deadline: float | None = None
+        while True:
+            try:
+                return cls._create_once(cfg, labels)
+            except SandboxUnavailableError as e:
+                if host not in _ANSWERED or cfg.daemon_wait_s <= 0:
+                    raise
+                deadline = deadline or time.monotonic() + cfg.daemon_wait_s
+                if time.monotonic() >= deadline:
+                    raise SandboxUnavailableError(f"{e} (waited {cfg.daemon_wait_s:g} s for it to come back)") from e
+                time.sleep(1.0)
+
+    @classmethod
+    def _create_once(cls, cfg: SandboxConfig, labels: dict[str, str] | None) -> DockerSandbox:
         client = get_client(cfg.docker_host)
+        _remove_pending(client, _host_key(cfg.docker_host))
         image = cfg.image
         if image is None:
             from sandboxes.images import ensure_base_image
@@ -271,8 +301,10 @@ class DockerSandbox:
         except docker.errors.APIError as e:
             if e.status_code != 409:  # 409: removal already in progress
                 raise SandboxError(f"could not remove container {self.id[:12]}: {e}") from e
-        except (requests.exceptions.ConnectionError, OSError) as e:
-            raise _unavailable(self.cfg.docker_host, e) from e
+        except (requests.exceptions.ConnectionError, OSError):
+            # The daemon is away (restarting): the next sandbox made on it removes this container.
+            with _CLIENTS_LOCK:
+                _PENDING_REMOVAL.setdefault(_host_key(self.cfg.docker_host), set()).add(self.id)
 
     async def __aenter__(self) -> DockerSandbox:
         return self
@@ -476,6 +508,21 @@ class DockerSandbox:
             with tarfile.open(fileobj=f, mode="r") as tar, tempfile.TemporaryDirectory(dir=target.parent) as tmp:
                 tar.extractall(tmp, filter="data")  # "data": no absolute paths, links out or device files
                 Path(tmp, stat["name"]).rename(target)
+
+
+def _remove_pending(client: Any, host: str) -> None:
+    """Remove the containers closed while ``host`` was unreachable; ``SandboxUnavailableError`` if it still is."""
+    with _CLIENTS_LOCK:
+        pending = _PENDING_REMOVAL.pop(host, set())
+    for cid in sorted(pending):
+        try:
+            client.api.remove_container(cid, force=True, v=True)
+        except (docker.errors.NotFound, docker.errors.APIError):
+            pass
+        except (requests.exceptions.ConnectionError, OSError) as e:
+            with _CLIENTS_LOCK:
+                _PENDING_REMOVAL.setdefault(host, set()).update(pending)
+            raise _unavailable(host or None, e) from e
 
 
 def remove_containers(filters: dict[str, Any], docker_host: str | None = None) -> list[str]:
