@@ -216,7 +216,8 @@ def run(cfg: MemoryBenchConfig, echo: Callable[[str], None] = print, png: bool =
         raise ValueError(f"dtype must be float32 or bfloat16, got {cfg.dtype!r}")
     cfg.out.mkdir(parents=True, exist_ok=True)
     echo(
-        f"one actor step, {cfg.model} ({cfg.dtype}), B={cfg.batch} T={cfg.seq_len}, chunk {cfg.chunk_tokens}, "
+        f"one actor step, {cfg.model} ({cfg.dtype}{f', first {cfg.layers} layers' if cfg.layers else ''}), "
+        f"B={cfg.batch} T={cfg.seq_len}, chunk {cfg.chunk_tokens}, "
         f"gradient checkpointing {'on' if cfg.gradient_checkpointing else 'off'}; a fresh process per variant"
     )
     rows: dict[str, dict[str, Any]] = {}
