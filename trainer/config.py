@@ -432,6 +432,14 @@ def _cluster_checks(cfg: Config) -> list[tuple[bool, str]]:
         (c.trainer_ranks >= 1, "cluster.trainer_ranks must be >= 1"),
         (c.engines >= 1, "cluster.engines must be >= 1"),
         (c.rollout_workers >= 1, "cluster.rollout_workers must be >= 1"),
+        (
+            r.weight_sync == "checkpoint" or r.engine == "vllm",
+            "rollout.weight_sync=broadcast needs rollout.engine=vllm (the hf engine shares the trainer's process)",
+        ),
+        (
+            c.backend == "local" or r.engine == "vllm",
+            "cluster.backend=ray needs rollout.engine=vllm (rollout workers on other nodes call vLLM servers)",
+        ),
     ]
     for role in ("trainer", "engine", "rollout"):
         res = getattr(c, f"{role}_resources")

@@ -146,6 +146,8 @@ class Trainer:
         # The in-process engine samples from its own copy, taken before DeepSpeed partitions (ZeRO-3) the actor.
         hf = cfg.rollout.engine == "hf" and self.rank0
         self.engine_model = copy.deepcopy(actor).eval() if hf else None
+        self.cluster: Any = None  # cluster.backend=ray: the placed engines and rollout workers (trainer.cluster)
+        self._broadcast: Any = None  # rollout.weight_sync=broadcast: trainer.cluster.weights.BroadcastSync
         self.learner = Learner(cfg, actor, critic, int(self.tokenizer.pad_token_id))
         if self.allowed:
             self.learner.allowed = torch.tensor(self.allowed, dtype=torch.long)
@@ -179,6 +181,10 @@ class Trainer:
                 return {"saved": False}  # the last good checkpoint stays the latest
             self.learner.save(Path(msg["dir"]))
             return {"saved": True}
+        if cmd == "push_weights":
+            from trainer.cluster.weights import push_command
+
+            return push_command(self.learner.actor.module, self._broadcast, msg, self.cfg.deepspeed.zero_stage == 3)
         if cmd == "stop":
             if self.cfg.run.param_digest:
                 self._write_digest(Path(msg["run_dir"]))
@@ -218,6 +224,8 @@ class Trainer:
     # -- rank 0 -----------------------------------------------------------------------------------------------
     def _make_engine(self) -> Any:
         r = self.cfg.rollout
+        if self.cluster is not None:
+            return self.cluster.make_engine()
         if r.engine == "hf":
             if self.allowed:
                 from trainer.local_engine import LocalEngine
@@ -242,6 +250,12 @@ class Trainer:
         return VLLMEngine(urls)
 
     async def _sync_weights(self, engine: Any) -> float:
+        if self.cfg.rollout.weight_sync == "broadcast":
+            from trainer.cluster.weights import BroadcastSync
+
+            if self._broadcast is None:
+                self._broadcast = BroadcastSync.for_config(self.cfg, self.learner.actor.module)
+            return float((await self._broadcast.sync(engine, self.version, self.lead))["sync_s"])
         t0 = time.perf_counter()
         out = self.run_dir / "weights" / f"v{self.version:06d}"
         await asyncio.to_thread(self.lead, {"cmd": "export", "dir": str(out)})
@@ -321,7 +335,11 @@ class Trainer:
             temperature=cfg.rollout.temperature,
         )
         player = TokenPlayer(engine, self.tokenizer, agent_cfg, render_check_every=cfg.rollout.render_check_every)
-        runner = EpisodeRunner(env_factory(cfg.env.id, cfg.env.kwargs), player, RunnerConfig(cfg.rollout.concurrency))
+        runner: Any = (
+            self.cluster.runner  # episodes on the Ray rollout workers
+            if self.cluster is not None
+            else EpisodeRunner(env_factory(cfg.env.id, cfg.env.kwargs), player, RunnerConfig(cfg.rollout.concurrency))
+        )
         coord = Coordinator(
             runner,
             TaskSource(_load_tasks(cfg), cfg.run.seed),
@@ -463,6 +481,11 @@ def train(config_path: str | None, overrides: list[str] | None = None, resume: s
     if resume is not None and state is None:
         raise ConfigError(f"--resume {resume!r}: no complete checkpoint in {run_dir}/checkpoints; start a new run")
     preflight(cfg.env.id, cfg.env.kwargs)  # a bad env id or kwargs fail here, before models and episodes
+    if cfg.cluster.backend == "ray":
+        from trainer.cluster.ray_backend import run_on_ray
+
+        run_on_ray(cfg, run_dir, state)
+        return run_dir
     dist_utils.init_distributed()
     trainer = Trainer(cfg, run_dir, state)
     if trainer.rank0:

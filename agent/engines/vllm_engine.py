@@ -169,6 +169,10 @@ class VLLMEngine:
         self._version = _served_version(results, version)
         self.last_reload = list(results)
 
+    def set_version(self, version: int) -> None:
+        """Follow a version another client made the servers serve (a Ray rollout worker, told by the trainer)."""
+        self._version = int(version)
+
     @property
     def sync_world_size(self) -> int:
         """The weight-sync group's size: the trainer + one worker per server (tensor parallel 1)."""

@@ -62,11 +62,12 @@ class LocalVLLMServer:
         worker_extension: bool = True,
         gpu: bool = False,
         extra_args: list[str] | None = None,
+        host: str = "127.0.0.1",
     ) -> list[str]:
         """The server command line (GPU: the ``vllm serve`` equivalent; CPU: eager mode)."""
         cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir]
         cmd += ["--dtype", dtype, "--max-model-len", str(max_model_len), "--seed", "0"]
-        cmd += ["--host", "127.0.0.1", "--port", str(port)]
+        cmd += ["--host", host, "--port", str(port)]
         if not gpu:
             cmd.append("--enforce-eager")  # compiling graphs on CPU more than doubles startup (FACTS.md)
         if worker_extension:
@@ -86,8 +87,11 @@ class LocalVLLMServer:
         worker_extension: bool = True,
         startup_timeout: float = 600.0,
         extra_args: list[str] | None = None,
+        host: str = "127.0.0.1",
     ) -> LocalVLLMServer:
-        """Start the server and wait until ``/health`` answers; raise EngineError with the log tail otherwise."""
+        """Start the server and wait until ``/health`` answers; raise EngineError with the log tail otherwise.
+
+        ``host`` is the address it binds (``0.0.0.0`` to serve other nodes); ``url`` stays the loopback one."""
         if not Path(model_dir, "config.json").exists():
             raise EngineError(f"{model_dir} is not a model directory (no config.json); pass a HF-format model dir")
         port = port or _free_port()
@@ -108,6 +112,7 @@ class LocalVLLMServer:
             worker_extension=worker_extension,
             gpu=gpu,
             extra_args=extra_args,
+            host=host,
         )
         with open(log, "ab") as f:
             f.write(("$ " + " ".join(cmd) + "\n").encode())

@@ -50,11 +50,13 @@ class SAOWorkerExtension:
             self._sao_served_version = int(version)
         return {"seconds": time.perf_counter() - t0, "version": self._sao_served_version, **self.sao_fingerprint()}
 
-    def sao_receive_weights(self, plan: dict[str, Any], rank_offset: int = 1) -> dict[str, float]:
+    def sao_receive_weights(self, plan: str | dict[str, Any], rank_offset: int = 1) -> dict[str, float]:
         """Join the trainer's weight-sync group, receive every tensor of ``plan``, load them, serve its version.
 
+        ``plan`` is ``SyncPlan.to_dict()``, or its JSON (the dev RPC endpoint passes arguments as strings).
         ``rank_offset`` is this server's first rank in the group; a tensor-parallel worker adds its own rank.
         """
+        import json
         import time
 
         import torch
@@ -62,7 +64,7 @@ class SAOWorkerExtension:
         from agent.engines.weight_sync import SyncPlan, destroy_group, init_group, receive
 
         t0 = time.perf_counter()
-        p = SyncPlan.from_dict(plan)
+        p = SyncPlan.from_dict(json.loads(plan) if isinstance(plan, str) else plan)
         rank = int(rank_offset) + int(getattr(self, "rank", 0) or 0)
         device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
         pg = init_group(p, rank)

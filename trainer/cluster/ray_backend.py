@@ -1,0 +1,302 @@
+"""``cluster.backend: ray``: Ray places every role of a training run; SAO adds no scheduler of its own.
+
+Roles, each a Ray actor with the resources its ``cluster.*_resources`` entry asks for:
+
+- ``TrainerRank`` x ``cluster.trainer_ranks``: one DeepSpeed world across the actors (gloo on CPU, NCCL on GPU;
+  ``MASTER_ADDR`` is rank 0's node). Rank 0 runs the usual loop (``trainer.run.Trainer.lead_run``), the others
+  follow its commands, exactly as under torchrun.
+- ``EngineHost`` x ``cluster.engines``: starts a vLLM server with the SAO worker extension on its node, from a
+  model directory local to that node (``tiny:*`` models are written there from the same seed as the trainer's).
+- ``RolloutWorker`` x ``cluster.rollout_workers`` (spread over the nodes): plays episodes with its node's sandbox
+  host (the node's Docker engine and its warm pool) against the engines. Rank 0 hands each episode to the least
+  busy live worker; a worker that dies turns its episodes into ``infra_error`` records and is not used again.
+
+Weights reach the engines through ``rollout.weight_sync`` (``broadcast`` needs no filesystem shared by the nodes;
+``checkpoint`` does). The run directory lives on rank 0's node. It runs on an existing cluster
+(``cluster.address``; ``ray start --head`` / ``ray start --address=...``, Slurm or KubeRay: docs/scale.md) or on
+a local Ray instance when the address is null. Actors are named ``sao-trainer-<i>``, ``sao-engine-<i>``,
+``sao-rollout-<i>`` in the Ray namespace ``sao``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from agent.engines.vllm_engine import VLLMEngine
+from agent.records import Trajectory
+from agent.rollout import Episode, infra_error_trajectory
+from trainer.config import Config, ConfigError
+
+NAMESPACE = "sao"
+
+
+def _options(resources: dict[str, Any], name: str) -> dict[str, Any]:
+    out = {k: v for k, v in resources.items() if k in ("num_cpus", "num_gpus", "memory", "resources")}
+    return {**out, "name": name, "namespace": NAMESPACE, "max_restarts": 0}
+
+
+def _local_model_dir(cfg: Config, into: Path) -> str:
+    """A HF model directory on this node for the engine: the configured path, or a ``tiny:*`` model written here."""
+    from saocore.paths import resolve_model_path
+    from trainer.models import load_actor, load_tokenizer
+
+    path = resolve_model_path(cfg.model.path)
+    if not path.startswith("tiny:"):
+        if not Path(path, "config.json").exists():
+            raise ConfigError(f"model.path: {path!r} is not a model directory on this engine node")
+        return path
+    into.mkdir(parents=True, exist_ok=True)
+    model: Any = load_actor(cfg)
+    model.save_pretrained(into, safe_serialization=True)  # seeded: the same weights as the trainer's
+    load_tokenizer(cfg).save_pretrained(into)
+    return str(into)
+
+
+class EngineHostImpl:
+    """One vLLM server on this actor's node; ``start`` returns its URL as other nodes reach it."""
+
+    def __init__(self) -> None:
+        self.server: Any = None
+
+    def start(self, cfg_dict: dict[str, Any], advertise_host: str | None) -> str:
+        import tempfile
+
+        import ray
+
+        from agent.engines.vllm_server import LocalVLLMServer
+        from trainer.config import config_from_dict
+
+        cfg = config_from_dict(cfg_dict)
+        work = Path(tempfile.mkdtemp(prefix="sao-engine-"))
+        model_dir = _local_model_dir(cfg, work / "model")
+        host = advertise_host or str(ray.util.get_node_ip_address())  # type: ignore[no-untyped-call]
+        self.server = LocalVLLMServer.start(
+            model_dir,
+            host="127.0.0.1" if host == "127.0.0.1" else "0.0.0.0",
+            log_path=str(work / "vllm.log"),
+            max_model_len=cfg.rollout.max_context_tokens,
+        )
+        return str(self.server.url).replace("127.0.0.1", host)
+
+    def alive(self) -> bool:
+        return self.server is not None and bool(self.server.alive())
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
+
+
+class RolloutWorkerImpl:
+    """Plays episodes on this node (its sandboxes, its warm pool) against the engine URLs."""
+
+    def __init__(self, cfg_dict: dict[str, Any], urls: list[str]) -> None:
+        from agent.loop import AgentConfig
+        from agent.rollout import EpisodeRunner, RunnerConfig, TokenPlayer, env_factory
+        from trainer.config import config_from_dict
+        from trainer.models import load_tokenizer
+
+        cfg = config_from_dict(cfg_dict)
+        r = cfg.rollout
+        self.engine = VLLMEngine(urls)
+        agent_cfg = AgentConfig(
+            max_context_tokens=r.max_context_tokens,
+            max_action_tokens=r.max_tokens,
+            max_turns=r.max_turns,
+            temperature=r.temperature,
+        )
+        player = TokenPlayer(self.engine, load_tokenizer(cfg), agent_cfg)
+        self.runner = EpisodeRunner(env_factory(cfg.env.id, cfg.env.kwargs), player, RunnerConfig(r.concurrency))
+        self._open = False
+
+    async def run_one(self, episode: Episode) -> Trajectory:
+        if not self._open:
+            await self.runner.__aenter__()  # the node's warm sandbox pools live as long as the worker
+            self._open = True
+        return await self.runner.run_one(episode)
+
+    async def set_version(self, version: int) -> None:
+        self.engine.set_version(version)
+
+    async def close(self) -> None:
+        if self._open:
+            await self.runner.__aexit__(None, None, None)
+            self._open = False
+        await self.engine.close()
+
+
+class RayRolloutRunner:
+    """Rank 0's episode runner: each episode goes to the least busy live ``RolloutWorker``."""
+
+    def __init__(self, workers: list[Any], names: list[str], env_id: str) -> None:
+        self.workers, self.names, self.env_id = list(workers), list(names), env_id
+        self.busy = [0] * len(self.workers)
+        self.dead: set[int] = set()
+
+    async def run_one(self, episode: Episode) -> Trajectory:
+        import ray
+
+        live = [i for i in range(len(self.workers)) if i not in self.dead]
+        task_id = episode.task_id or f"task-{episode.index}"
+        if not live:
+            return infra_error_trajectory(task_id, self.env_id, "no live rollout worker left", with_traceback=False)
+        i = min(live, key=lambda j: self.busy[j])
+        self.busy[i] += 1
+        try:
+            traj: Trajectory = await self.workers[i].run_one.remote(episode)
+            return traj
+        except (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError) as e:
+            self.dead.add(i)
+            msg = f"rollout worker {self.names[i]} died: {type(e).__name__}"
+            return infra_error_trajectory(task_id, self.env_id, msg, with_traceback=False)
+        finally:
+            self.busy[i] -= 1
+
+    def set_version(self, version: int) -> None:
+        for i, w in enumerate(self.workers):
+            if i not in self.dead:
+                w.set_version.remote(version)
+
+
+class RayVLLMEngine(VLLMEngine):
+    """Rank 0's client of the Ray-placed engines: after each weight sync it tells the rollout workers the version
+    the servers now serve (their own clients tag generations with it; a late notice tags older, never newer)."""
+
+    def __init__(self, urls: list[str], runner: RayRolloutRunner) -> None:
+        super().__init__(urls)
+        self.runner = runner
+
+    async def update_weights(self, checkpoint_dir: str, version: int) -> None:
+        await super().update_weights(checkpoint_dir, version)
+        self.runner.set_version(self.version)
+
+    async def receive_weights(self, plan: Any) -> None:
+        await super().receive_weights(plan)
+        self.runner.set_version(self.version)
+
+
+class RayPlacement:
+    """What rank 0's ``Trainer`` uses instead of local parts: the engines' client and the remote runner."""
+
+    def __init__(self, urls: list[str], workers: list[Any], names: list[str], env_id: str) -> None:
+        self.urls = urls
+        self.runner = RayRolloutRunner(workers, names, env_id)
+
+    def make_engine(self) -> RayVLLMEngine:
+        return RayVLLMEngine(self.urls, self.runner)
+
+
+class TrainerRankImpl:
+    """One rank of the trainer's DeepSpeed world."""
+
+    def node_ip(self) -> str:
+        import ray
+
+        return str(ray.util.get_node_ip_address())  # type: ignore[no-untyped-call]
+
+    def free_port(self) -> int:
+        from trainer.cluster.weights import _free_port
+
+        return _free_port()
+
+    def train(
+        self,
+        cfg_dict: dict[str, Any],
+        run_dir: str,
+        state: dict[str, Any] | None,
+        rank: int,
+        world: int,
+        master: tuple[str, int],
+        placement: tuple[list[str], list[Any], list[str]] | None,
+    ) -> dict[str, Any]:
+        import asyncio
+
+        from trainer import distributed as dist_utils
+        from trainer.config import config_from_dict, save_config
+        from trainer.run import Trainer
+
+        os.environ.update(
+            RANK=str(rank),
+            WORLD_SIZE=str(world),
+            LOCAL_RANK="0",  # Ray gives each GPU actor its own CUDA_VISIBLE_DEVICES: its GPU is device 0
+            MASTER_ADDR=master[0],
+            MASTER_PORT=str(master[1]),
+        )
+        cfg = config_from_dict(cfg_dict)
+        dist_utils.init_distributed()
+        trainer = Trainer(cfg, Path(run_dir), state)
+        last: dict[str, Any] = {}
+        if trainer.rank0:
+            assert placement is not None
+            trainer.cluster = RayPlacement(*placement, env_id=cfg.env.id)
+            Path(run_dir).mkdir(parents=True, exist_ok=True)
+            save_config(cfg, Path(run_dir) / "config.yaml")
+            last = asyncio.run(trainer.lead_run())
+        else:
+            trainer.follow()
+        dist_utils.barrier()
+        return {"step": trainer.step, "stopped": None if trainer.stopped is None else trainer.stopped.reason, **last}
+
+
+def _connect(cfg: Config) -> None:
+    import ray
+
+    if ray.is_initialized():
+        return
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    ray.init(address=cfg.cluster.address, namespace=NAMESPACE, include_dashboard=False, log_to_driver=True)
+
+
+def run_on_ray(cfg: Config, run_dir: Path, state: dict[str, Any] | None) -> dict[str, Any]:
+    """Place the roles, train, then stop every actor this run started; returns rank 0's last metrics."""
+    import ray
+
+    _connect(cfg)
+    c = cfg.cluster
+    cfg_dict = cfg.to_dict()
+    # Ray's actor classes and handles are dynamic: typed as Any here.
+    trainer_cls: Any = ray.remote(TrainerRankImpl)
+    engine_cls: Any = ray.remote(EngineHostImpl)
+    worker_cls: Any = ray.remote(RolloutWorkerImpl)
+    actors: list[Any] = []
+    engines: list[Any] = []
+    try:
+        ranks: list[Any] = [
+            trainer_cls.options(**_options(c.trainer_resources, f"sao-trainer-{i}")).remote()
+            for i in range(c.trainer_ranks)
+        ]
+        actors += ranks
+        master = (c.advertise_host or ray.get(ranks[0].node_ip.remote()), ray.get(ranks[0].free_port.remote()))
+        urls = list(cfg.rollout.vllm_urls)
+        if not urls:
+            engines = [
+                engine_cls.options(**_options(c.engine_resources, f"sao-engine-{i}")).remote() for i in range(c.engines)
+            ]
+            actors += engines
+            urls = ray.get([e.start.remote(cfg_dict, c.advertise_host) for e in engines])
+        names = [f"sao-rollout-{i}" for i in range(c.rollout_workers)]
+        workers = [
+            worker_cls.options(
+                **_options(c.rollout_resources, n), scheduling_strategy="SPREAD", max_concurrency=1000
+            ).remote(cfg_dict, urls)
+            for n in names
+        ]
+        actors += workers
+        refs = [
+            r.train.remote(
+                cfg_dict, str(run_dir), state, i, c.trainer_ranks, master, (urls, workers, names) if i == 0 else None
+            )
+            for i, r in enumerate(ranks)
+        ]
+        results = ray.get(refs)
+        return dict(results[0])
+    finally:
+        for e in engines:
+            try:
+                ray.get(e.stop.remote(), timeout=60)
+            except Exception:  # a dead engine actor took its server's process group with it
+                pass
+        for a in actors:
+            ray.kill(a)
