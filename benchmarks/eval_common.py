@@ -179,11 +179,13 @@ class EvalModel:
 def _load_tokenizer(source: str) -> Any:
     from transformers import AutoTokenizer
 
+    path = resolve_model_path(source)  # an alias (smollm2) or a directory
     try:
-        return AutoTokenizer.from_pretrained(source)
+        return AutoTokenizer.from_pretrained(path)
     except Exception as e:
+        where = source if path == source else f"{source} ({path})"
         raise EvalError(
-            f"cannot load the tokenizer from {source!r} ({type(e).__name__}: {e}); pass --tokenizer DIR "
+            f"cannot load the tokenizer from {where!r} ({type(e).__name__}: {e}); pass --tokenizer DIR "
             "(the served model's directory)"
         ) from e
 

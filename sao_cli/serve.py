@@ -10,7 +10,9 @@ def register(app: typer.Typer) -> None:
 
     @app.command("serve")
     def serve(
-        model_dir: str = typer.Argument(..., help="HF-format model dir or SAO checkpoint (config.json + safetensors)"),
+        model_dir: str = typer.Argument(
+            ..., help="HF-format model dir, SAO checkpoint (config.json + safetensors) or a model alias (smollm2)"
+        ),
         port: int = typer.Option(0, help="port on 127.0.0.1 (0: a free one)"),
         max_model_len: int = typer.Option(2048, help="context length"),
         kv_cache_gib: float = typer.Option(1.0, help="CPU KV cache size in GiB (VLLM_CPU_KVCACHE_SPACE)"),
@@ -24,7 +26,9 @@ def register(app: typer.Typer) -> None:
 
         from agent.engines.protocols import EngineError
         from agent.engines.vllm_server import LocalVLLMServer
+        from saocore.paths import resolve_model_path
 
+        model_dir = resolve_model_path(model_dir)
         if not Path(model_dir, "config.json").exists():
             raise typer.BadParameter(f"{model_dir} has no config.json: pass a model dir or a checkpoint dir")
         typer.echo(f"starting vLLM on {model_dir} (takes ~1-2 min on CPU) ...", err=True)

@@ -58,7 +58,7 @@ def load_tokenizer(cfg: Config) -> Any:
 
     from saocore.paths import smollm2_dir
 
-    src = cfg.model.tokenizer
+    src = resolve_model_path(cfg.model.tokenizer) if cfg.model.tokenizer else None  # an alias or a dir
     if src is None:
         src = str(smollm2_dir()) if cfg.model.path.startswith("tiny:") else resolve_model_path(cfg.model.path)
     if not Path(src).is_dir():
