@@ -1,9 +1,9 @@
 """Value pretraining: train only the critic on saved trajectories (returns from their recorded rewards).
 
-Reads ``agent.records`` JSONL or a run's ``trajectories.jsonl`` (its ``trajectory`` records; infra errors are
-skipped), computes returns with skip-observation GAE at lambda = 1 on zero values (the discounted reward-to-go
-over action tokens), runs ``epochs`` passes of the value loss on DeepSpeed and writes a critic checkpoint that
-``critic.init`` accepts.
+Reads ``agent.records`` JSONL, a run's (or ``sao collect``'s) ``trajectories.jsonl`` (its ``trajectory`` records),
+or a parquet file written by ``agent.records_arrow.write_parquet``; infra errors are skipped. Computes returns with
+skip-observation GAE at lambda = 1 on zero values (the discounted reward-to-go over action tokens), runs ``epochs``
+passes of the value loss on DeepSpeed and writes a critic checkpoint that ``critic.init`` accepts.
 """
 
 from __future__ import annotations
@@ -31,12 +31,21 @@ from trainer.learner import (
 
 
 def read_rollouts(path: str | Path) -> list[Trajectory]:
-    """Trajectories from a JSONL file of Trajectory records or a run's trajectories.jsonl; infra errors skipped."""
+    """Trajectories from a JSONL file of Trajectory records, a run's trajectories.jsonl, or a ``.parquet`` file of
+    trajectories; infra errors and trajectories without actions skipped."""
     p = Path(path)
     if not p.is_file():
         raise ConfigError(
-            f"--rollouts {str(p)!r} not found; pass a JSONL of trajectories (e.g. RUN_DIR/trajectories.jsonl)"
+            f"--rollouts {str(p)!r} not found; pass a JSONL of trajectories (e.g. RUN_DIR/trajectories.jsonl) "
+            "or a parquet file written by agent.records_arrow.write_parquet"
         )
+    if p.suffix == ".parquet":
+        from agent.records_arrow import read_parquet
+
+        try:
+            return _trainable(p, read_parquet(p))
+        except ValueError as e:
+            raise ConfigError(f"{p}: {e}") from e
     out = []
     for n, rec in iter_jsonl(p, error=ConfigError):
         if not isinstance(rec, dict):
@@ -48,8 +57,12 @@ def read_rollouts(path: str | Path) -> list[Trajectory]:
             tr = Trajectory.from_dict(body)
         except (KeyError, ValueError, TypeError) as e:
             raise ConfigError(f"{p}:{n}: not a trajectory record ({e})") from e
-        if tr.status != "infra_error" and tr.action_segments:
-            out.append(tr)
+        out.append(tr)
+    return _trainable(p, out)
+
+
+def _trainable(p: Path, trajs: list[Trajectory]) -> list[Trajectory]:
+    out = [tr for tr in trajs if tr.status != "infra_error" and tr.action_segments]
     if not out:
         raise ConfigError(f"{p}: no trainable trajectories (all infra errors or no actions)")
     return out
