@@ -227,13 +227,14 @@ def run_sft(cfg: Config, run_dir: Path, resume: bool = False) -> dict[str, float
     """SFT with ``cfg`` into ``run_dir`` (a new dir, or the same run's dir when ``resume``)."""
     if not cfg.sft.data:
         raise ConfigError("sft.data is empty; give files of conversations or trajectories (sft.data=[a.jsonl])")
-    dist_utils.init_distributed()
-    state = _latest_state(run_dir) if resume else None
     from trainer.models import load_tokenizer
 
+    # The data is checked before anything heavy starts: a bad line fails in seconds.
     examples, stats = load_examples(
         list(cfg.sft.data), load_tokenizer(cfg), min_reward=cfg.sft.min_reward, max_len=cfg.sft.max_len
     )
+    dist_utils.init_distributed()
+    state = _latest_state(run_dir) if resume else None
     if dist_utils.rank() == 0:
         run_dir.mkdir(parents=True, exist_ok=True)
         save_config(cfg, run_dir / "config.yaml")

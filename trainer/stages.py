@@ -182,7 +182,13 @@ def sft_stage(cfg: Config, model_dir: str, out: Path, collected: Path | None) ->
         if c.sft.min_reward is None:
             c.sft.min_reward = 1.0
     c.run.dir = str(out)
-    last = run_sft(c, out, resume=(out / "checkpoints" / "latest").exists())
+    resume = (out / "checkpoints" / "latest").exists()
+    if not resume and dist_utils.rank() == 0:
+        import shutil
+
+        shutil.rmtree(out, ignore_errors=True)  # a stage that died before its first checkpoint starts over
+    dist_utils.barrier()
+    last = run_sft(c, out, resume=resume)
     return {"final_loss": last.get("sft_loss"), "token_accuracy": last.get("sft_token_accuracy"),
             "wall_s": last.get("wall_s"), "model": str(out / "final" / "actor")}  # fmt: skip
 
@@ -239,6 +245,7 @@ def run_stages(cfg: Config, resume: str | None) -> Path:
     model = cfg.model.path
     collected: Path | None = None
     results: list[dict[str, Any]] = []
+    every: list[dict[str, Any]] = []
     label = "base"
     for i, stage in enumerate(cfg.stages):
         out = run_dir / f"{i:02d}_{stage}"
@@ -250,6 +257,7 @@ def run_stages(cfg: Config, resume: str | None) -> Path:
             if rank0:
                 print(f"== stage {i + 1}/{len(cfg.stages)}: {stage} ({out})", flush=True)
             c = _with_model(cfg, model)
+            cpu0 = _cpu_s()
             res = {}
             if stage in ("collect", "eval"):
                 if rank0:
@@ -259,10 +267,13 @@ def run_stages(cfg: Config, resume: str | None) -> Path:
             else:
                 res = train_stage(c, model, out)
             res["stage"] = stage
+            res["cpu_s"] = _cpu_s() - cpu0
+            res["load_avg"] = os.getloadavg()[0]
             if rank0:
                 _write_json(done, res)
             dist_utils.barrier()
             gc.collect()
+        every.append(res)
         if stage == "collect":
             collected = out / "trajectories.jsonl"
         elif stage in ("sft", "train"):
@@ -274,8 +285,17 @@ def run_stages(cfg: Config, resume: str | None) -> Path:
         if rank0 and stage != "eval":
             print(f"   {stage}: " + ", ".join(f"{k} {_fmt(v)}" for k, v in res.items() if k != "stage"), flush=True)
     if rank0:
-        _report(run_dir, cfg, results, time.perf_counter() - t_run)
+        _report(run_dir, cfg, results, every, time.perf_counter() - t_run)
     return run_dir
+
+
+def _cpu_s() -> float:
+    """CPU seconds used by this process and its finished children: with the load average, what makes a wall
+    time measured on a shared machine comparable to one measured on an idle one."""
+    import resource
+
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
 
 def _fmt(v: Any) -> str:
@@ -298,11 +318,13 @@ def score_table(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def _report(run_dir: Path, cfg: Config, results: list[dict[str, Any]], wall_s: float) -> None:
+def _report(
+    run_dir: Path, cfg: Config, results: list[dict[str, Any]], every: list[dict[str, Any]], wall_s: float
+) -> None:
     table = score_table(results) if results else "(no eval stage)"
     text = f"# {run_dir.name}: stages {cfg.stages}\n\n{table}\n\nwall time {wall_s / 60:.1f} min\n"
     (run_dir / "summary.md").write_text(text)
-    _write_json(run_dir / "summary.json", {"evals": results, "wall_s": wall_s, "stages": cfg.stages})
+    _write_json(run_dir / "summary.json", {"evals": results, "stages": every, "wall_s": wall_s})
     print("\n" + table + f"\n\nstaged run finished in {wall_s / 60:.1f} min: {run_dir}/summary.md", flush=True)
     if cfg.run.plot and results:
         plot_stages(run_dir, results)
