@@ -84,3 +84,11 @@ def test_register_env_doc_config_loads(tmp_path: Path) -> None:
     cfg_file.write_text(block)
     cfg = load_config(cfg_file)
     assert cfg.env.id == "sao/Reverse-v0" and cfg.env.kwargs == {"max_steps": 5} and cfg.model.path == "smollm2"
+
+
+def test_list_shows_sao_and_plugin_envs_only_with_their_origin() -> None:
+    from envs.registration import env_origin, list_envs
+
+    ids = [i for i, _ in list_envs()]
+    assert "sao/TokenGame-v0" in ids and env_origin("sao/TokenGame-v0") == "sao"
+    assert not any(i.startswith("CartPole") for i in ids)  # Gymnasium's own envs are not ours to list
