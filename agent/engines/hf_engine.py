@@ -143,7 +143,6 @@ class HFEngine:
 
     def _cut(self, r: _Request, toks: Any, logps: Any, stops: set[int], version: int) -> Generation:
         """One row of the batch: up to and including the first stop token, at most ``max_tokens``."""
-
         row = toks.tolist()[: r.sampling.max_tokens]
         own_stops = self.eos_ids | set(r.sampling.stop_token_ids)
         n, reason = len(row), "length"
