@@ -116,6 +116,23 @@ def engine(
     run(cfg, echo=typer.echo)
 
 
+@app.command("sync")
+def sync(
+    out: str = typer.Option("runs/bench/sync", help="folder for sync.json"),
+    model: str = typer.Option("smollm2", help="model dir or smollm2 (the converted SmolLM2-135M)"),
+    rounds: int = typer.Option(3, help="perturb + sync rounds (medians reported)"),
+    bucket_mb: str = typer.Option("0,64", help="comma-separated broadcast bucket sizes in MiB (0: one per tensor)"),
+    timeout_s: float = typer.Option(120.0, help="weight-sync timeout (join and each bucket)"),
+) -> None:
+    """Weight sync to a vLLM server: in-memory broadcast vs checkpoint reload, side by side (time, logprob gap)."""
+    from pathlib import Path
+
+    from benchmarks.bench_sync import SyncBenchConfig, run
+
+    buckets = [float(x) for x in _csv(bucket_mb)]
+    run(SyncBenchConfig(Path(out), model, rounds, buckets, timeout_s), echo=typer.echo)
+
+
 def _csv(value: str) -> tuple[str, ...]:
     return tuple(v.strip() for v in value.split(",") if v.strip())
 

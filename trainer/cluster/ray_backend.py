@@ -112,10 +112,16 @@ class RolloutWorkerImpl:
         self._open = False
 
     async def run_one(self, episode: Episode) -> Trajectory:
+        import dataclasses
+
+        import ray
+
         if not self._open:
             await self.runner.__aenter__()  # the node's warm sandbox pools live as long as the worker
             self._open = True
-        return await self.runner.run_one(episode)
+        traj = await self.runner.run_one(episode)
+        node = ray.get_runtime_context().get_node_id()
+        return dataclasses.replace(traj, info={**traj.info, "ray_node": node})
 
     async def set_version(self, version: int) -> None:
         self.engine.set_version(version)
