@@ -64,8 +64,10 @@ async def test_three_turns_equal_the_chat_template_rendering(tokenizer: Any) -> 
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
     engine = ScriptedEngine([[*tokenizer.encode(a, add_special_tokens=False), eos] for a in ACTIONS], version=7)
     env = ReverseEnv(max_steps=5)
-    traj = await run_episode(env, engine, tokenizer, AgentConfig(), options={"task": {"word": "critic", "id": "w1"}})
+    task = {"word": "critic", "id": "w1"}
+    traj = await run_episode(env, engine, tokenizer, AgentConfig(), options={"task": task}, check_render=True)
     assert traj.status == "ok" and traj.reward == 1.0 and traj.task_id == "w1"
+    assert traj.info["render_drift"] == 0.0  # the agent's own check agrees with the full rendering below
     assert [s.kind for s in traj.segments] == ["prompt", "action", "observation", "action", "observation", "action"]
     assert all(s.policy_version == 7 for s in traj.action_segments)
 
@@ -101,4 +103,10 @@ async def test_a_length_cut_action_is_closed_by_observation_tokens(tokenizer: An
     traj = await run_episode(env, engine, tokenizer, AgentConfig(max_action_tokens=5), options={"task": {"word": "ab"}})
     assert len(traj.segments[1].token_ids) == 5
     assert tokenizer.decode(list(traj.segments[2].token_ids)).startswith("<|im_end|>\n<|im_start|>user\n")
+    # A cut action is closed by the template's tokens: the fresh rendering of the same messages is identical.
+    env = ReverseEnv(max_steps=2)
+    cfg = AgentConfig(max_action_tokens=5)
+    again = await run_episode(env, ScriptedEngine([ids, ids]), tokenizer, cfg, options={"task": {"word": "ab"}},
+                              check_render=True)  # fmt: skip
+    assert again.info["render_drift"] == 0.0, again.info["render_drift_at"]
     assert traj.status == "truncated"  # the env's step limit (two unparseable cut actions)
