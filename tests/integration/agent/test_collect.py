@@ -84,3 +84,18 @@ def test_bad_input_is_refused_with_the_fix(tmp_path: Path) -> None:
     res = CliRunner().invoke(app, ["collect", "--model", "solver", "--env", "sao/Nope-v0", "--n", "1",
                                    "--out", str(tmp_path)])  # fmt: skip
     assert res.exit_code == 2 and "not registered" in res.output
+
+
+@pytest.mark.docker
+def test_docker_sandboxes_come_from_the_warm_pool_and_none_left(smollm2: str, base_image: str, tmp_path: Path) -> None:
+    import os
+
+    from sandboxes.docker import OWNER_PID_LABEL, get_client
+
+    sandbox = {"sandbox": {"backend": "docker", "image": base_image, "mem_limit": "256m"}}
+    res = _collect("--model", "solver", "--env", "sao/PythonTool-v0", "--tasks", "arithmetic", "--out",
+                   str(tmp_path / "col"), "--n", "6", "--concurrency", "3", "--max-tokens", "64",
+                   "--env-kwargs", json.dumps(sandbox))  # fmt: skip
+    assert "collected 6/6 episodes (ok 6), infra errors 0" in res.output
+    left = get_client().api.containers(all=True, filters={"label": f"{OWNER_PID_LABEL}={os.getpid()}"})
+    assert left == []
