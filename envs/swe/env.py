@@ -16,11 +16,17 @@ them); the current harness deletes later tags, expires the reflog and prunes. So
 ``setup`` remakes ``/testbed``'s repository in the agent's container from its tracked files at ``base_commit``: one
 commit, no refs, no reflog, no other objects (the history before ``base_commit`` goes too; ``git log`` shows one
 commit). The grader uses a fresh container of the unchanged image, so ``base_commit`` is there for the eval script.
-Exposures that remain, by design or because no check can find them: the package may exist in other versions inside
-the image (a copy vendored by pip or setuptools: our builder deletes vendored copies of the package's top-level
-modules and the bundled pip/setuptools wheels, an official image is not changed beyond its repository); the
-problem statement describes the failing tests; the test files themselves are in the repo (they are restored before
-grading, so editing them changes nothing).
+No official image could be pulled where this was built (no registry): the remake is tested on a local image laid out
+like the old ones (the fix reachable from a tag, a remote-tracking ref and the reflog).
+Exposures found and closed in our images: two commits (``git diff HEAD~1`` showed the bug), the fixed blob in the
+object store, the package's own wheel in ``/wheels``, a near-identical copy vendored by pip (``pip/_vendor/six.py``
+in six tasks: vendored copies of the package's top-level modules are deleted, which leaves pip unusable in those
+images; there is no network to use it anyway) and pip/setuptools wheels bundling them. Exposures that remain:
+an official image is not changed beyond its repository (its environment may hold other copies); the problem
+statement names the failing tests and their errors; the test files are in the repo (restored from ``base_commit``
+before grading, so editing them changes nothing, but reading them shows the expected behaviour, as in SWE-bench);
+library code runs inside the grader's pytest, so a patch could still tamper with pytest itself (the reward is
+only as strong as the test run; nothing here detects that).
 
 Tasks: ``reset(options={"task": record})`` or drawn by seed from ``tasks`` (a JSONL/JSON path or a list of
 records). Records are validated up front (``ValueError`` naming the field). Our offline tasks come from
