@@ -81,6 +81,16 @@ def test_every_algorithm_updates_the_actor(deepspeed_env: dict[str, str], algori
     assert metrics["trained_tokens"] == 4 * 6
 
 
+def test_token_level_gae_with_separate_lambdas_trains_actor_and_critic(deepspeed_env: dict[str, str]) -> None:
+    # the ablation: plain token GAE (through observations), actor lambda 0.9, critic targets with lambda 1
+    learner, trajs = _learner("sao", kind="llama", advantage="gae", lam=0.9, critic_lam=1.0)
+    assert learner.adv_traits.token_level
+    a0, c0 = _snapshot(learner.actor.module), _snapshot(learner.critic.module)
+    m = learner.train_step(trajs)
+    assert _changed(a0, learner.actor.module) and _changed(c0, learner.critic.module)
+    assert m["value_loss"] == m["value_loss"] and m["trained_tokens"] == 4 * 6
+
+
 def _count_optimizer_steps(learner: Any) -> dict[str, int]:
     counts = {"actor": 0, "critic": 0}
     for name in counts:
