@@ -1,8 +1,9 @@
 """Build offline SWE tasks from a PyPI sdist: baseline run, AST mutations, validation, instance records.
 
-Design: the bug lives in the task image. Each task image is the package's repo image plus one commit that applies
-the mutation, so ``/testbed`` HEAD (= ``base_commit``) is the buggy state and ``patch`` (the fix) is the reverse of
-the mutation. The official harness and ``SWEEnv`` both just start the task image; nothing is applied at reset.
+Design: the bug lives in the task image. Each task image is the package's repo image with the mutation applied and
+its repository made anew from the buggy tree (one commit, nothing of the fixed code left: ``images``), so
+``/testbed`` HEAD (= ``base_commit``) is the buggy state and ``patch`` (the fix) is the reverse of the mutation.
+The official harness and ``SWEEnv`` both just start the task image; nothing is applied at reset.
 
 A candidate bug is kept only if, run on the test files that mention the mutated function, at least one baseline-
 passing test fails with the bug and passes without it, and it breaks at most ``max_f2p`` tests. ``PASS_TO_PASS`` is
