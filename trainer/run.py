@@ -14,6 +14,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from agent.engines.protocols import EngineError
 from agent.records import Trajectory
 from envs.registration import preflight
 from trainer import distributed as dist_utils
@@ -31,6 +33,7 @@ from trainer.ledger import Ledger, replay
 from trainer.metrics import MetricsWriter, plot_run
 from trainer.pipeline import Coordinator, Item, TaskSource
 from trainer.progress import TrainProgress
+from trainer.stopping import StopRequest, next_batch_or_stop
 
 STATE_FILE = "trainer_state.json"
 
@@ -58,11 +61,32 @@ def _set_rng_state(s: dict[str, Any]) -> None:
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
-    marker = run_dir / "checkpoints" / "latest"
-    if not marker.exists():
-        return None
-    p = run_dir / "checkpoints" / marker.read_text().strip()
-    return p if (p / STATE_FILE).exists() else None
+    """The checkpoint ``checkpoints/latest`` names, or (when that one is incomplete) the newest complete one."""
+    ckpts = run_dir / "checkpoints"
+    marker = ckpts / "latest"
+    if marker.exists():
+        p = ckpts / marker.read_text().strip()
+        if (p / STATE_FILE).exists():
+            return p
+    done = sorted(p for p in ckpts.glob("step_*") if (p / STATE_FILE).exists())
+    return done[-1] if done else None
+
+
+def _fsync_tree(root: Path) -> None:
+    """fsync every file and folder under ``root`` and ``root`` itself (a checkpoint survives a power cut)."""
+    for p in [*sorted(root.rglob("*"), reverse=True), root]:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _write_durably(path: Path, text: str) -> None:
+    with open(path, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def prepare_run_dir(cfg: Config, resume: str | None) -> tuple[Config, Path, dict[str, Any] | None]:
@@ -157,6 +181,9 @@ class Trainer:
             self.step, self.version = int(state["step"]), int(state["version"])
             self.learner.baseline.load_state_dict(state["baseline"])
             _set_rng_state(state["rng"])
+        self.checkpoint_failures = 0
+        self._saved_step = self.step if state is not None else -1
+        self.stopped: StopRequest | None = None
 
     # -- commands executed by every rank in the same order ----------------------------------------------------
     def execute(self, msg: dict[str, Any]) -> dict[str, Any]:
@@ -179,7 +206,10 @@ class Trainer:
         if cmd == "save":
             if not self.learner.params_finite():
                 return {"saved": False}  # the last good checkpoint stays the latest
-            self.learner.save(Path(msg["dir"]))
+            try:
+                self.learner.save(Path(msg["dir"]))
+            except (OSError, RuntimeError) as e:  # disk full (torch.save reports ENOSPC as a RuntimeError), ...
+                return {"saved": False, "error": f"{type(e).__name__}: {e}"}  # the caller drops the partial folder
             return {"saved": True}
         if cmd == "push_weights":
             from trainer.cluster.weights import push_command
@@ -211,6 +241,8 @@ class Trainer:
 
     def follow(self) -> None:
         """Ranks > 0: execute rank 0's commands until it says stop."""
+        # SIGTERM goes to every rank; rank 0 turns it into a checkpoint and a stop command that all ranks execute.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         while True:
             msg = dist_utils.broadcast_object(None)
             self.execute(msg)
@@ -266,17 +298,29 @@ class Trainer:
         return time.perf_counter() - t0
 
     def _save(self, coord: Coordinator) -> None:
-        name = f"step_{self.step:06d}"
-        ckpt = self.run_dir / "checkpoints" / name
-        if not self.lead({"cmd": "save", "dir": str(ckpt)})["saved"]:
-            import logging
+        """Write ``checkpoints/step_N`` atomically: into a hidden partial folder, fsynced, renamed when complete, then
+        ``latest``. A failed write (disk full, ...) drops the partial folder and is counted (``checkpoint_failures``):
+        the previous checkpoint stays the latest and loadable, and the run goes on."""
+        import logging
 
+        name = f"step_{self.step:06d}"
+        ckpts = self.run_dir / "checkpoints"
+        ckpt, partial = ckpts / name, ckpts / f".{name}.partial"
+        shutil.rmtree(partial, ignore_errors=True)
+        try:
+            res = self.lead({"cmd": "save", "dir": str(partial)})
+            if not res["saved"] and "error" in res:
+                raise OSError(res["error"])
+        except OSError as e:
+            self._checkpoint_failed(partial, e)
+            return
+        if not res["saved"]:
             logging.getLogger(__name__).warning(
                 "step %d: the weights hold NaN/inf, checkpoint not written; the latest stays %s",
                 self.step,
                 latest_checkpoint(self.run_dir),
             )
-            shutil.rmtree(ckpt, ignore_errors=True)
+            shutil.rmtree(partial, ignore_errors=True)
             return
         state = {
             "step": self.step,
@@ -293,23 +337,59 @@ class Trainer:
                 "infra_error": coord.counters.infra_error,
             },
         }
-        tmp = ckpt / (STATE_FILE + ".tmp")
-        tmp.write_text(json.dumps(state, default=_json_default))
-        os.replace(tmp, ckpt / STATE_FILE)  # the state file last: a checkpoint without it is incomplete
-        marker = self.run_dir / "checkpoints" / "latest"
-        marker.with_suffix(".tmp").write_text(name)
-        os.replace(marker.with_suffix(".tmp"), marker)
-        done = sorted(p for p in (self.run_dir / "checkpoints").glob("step_*") if (p / STATE_FILE).exists())
+        marker = ckpts / "latest"
+        try:
+            _write_durably(partial / STATE_FILE, json.dumps(state, default=_json_default))
+            _fsync_tree(partial)
+            shutil.rmtree(ckpt, ignore_errors=True)
+            os.replace(partial, ckpt)
+            _write_durably(marker.with_suffix(".tmp"), name)
+            os.replace(marker.with_suffix(".tmp"), marker)
+            fd = os.open(ckpts, os.O_RDONLY)
+            try:
+                os.fsync(fd)  # the renames
+            finally:
+                os.close(fd)
+        except OSError as e:
+            marker.with_suffix(".tmp").unlink(missing_ok=True)
+            self._checkpoint_failed(partial, e)
+            return
+        self._saved_step = self.step
+        done = sorted(p for p in ckpts.glob("step_*") if (p / STATE_FILE).exists())
         for old in done[: -self.cfg.run.keep_checkpoints]:
             shutil.rmtree(old, ignore_errors=True)
 
+    def _checkpoint_failed(self, partial: Path, e: OSError) -> None:
+        from saocore.console import say
+
+        self.checkpoint_failures += 1
+        shutil.rmtree(partial, ignore_errors=True)
+        free = shutil.disk_usage(partial.parent).free / 2**20  # torch.save reports ENOSPC without saying so
+        say(
+            f"step {self.step}: checkpoint not written ({e}; {free:.0f} MiB free there); the latest stays "
+            f"{latest_checkpoint(self.run_dir)}"
+        )
+
     async def lead_run(self) -> dict[str, Any]:
-        """Rank 0: set up the rollouts, train until ``run.total_steps``, then write the final weights."""
-        session = await self._setup()
+        """Rank 0: set up the rollouts, train until ``run.total_steps``, then write the final weights. A stop request
+        (SIGTERM, the run's vLLM server dying: ``trainer.stopping``) ends the loop between steps with a checkpoint
+        and no final weights; ``self.stopped`` then says why."""
+        stop = StopRequest()
+        stop.install()
         try:
-            last = await self._loop(session)
+            session = await self._setup()
+            try:
+                last = await self._loop(session, stop)
+                if stop.reason is not None and self.step > self._saved_step:
+                    await asyncio.to_thread(self._save, session.coord)
+            finally:
+                await self._close(session)
         finally:
-            await self._close(session)
+            stop.uninstall()
+        if stop.reason is not None:
+            self.lead({"cmd": "stop", "run_dir": str(self.run_dir)})
+            self.stopped = stop
+            return last
         await self._finish()
         return last
 
@@ -361,7 +441,7 @@ class Trainer:
         coord.start()
         return _Session(ledger, metrics, engine, coord)
 
-    async def _loop(self, s: _Session) -> dict[str, Any]:
+    async def _loop(self, s: _Session, stop: StopRequest) -> dict[str, Any]:
         """Batch -> train step -> version + 1 -> weight sync -> metrics -> checkpoint, until the last step."""
         cfg, t, coord = self.cfg, self.cfg.trainer, s.coord
         progress = TrainProgress(cfg.run.total_steps, self.step, enabled=cfg.run.progress)
@@ -371,7 +451,11 @@ class Trainer:
         try:
             while self.step < cfg.run.total_steps:
                 t0 = time.perf_counter()
-                items: list[Item] = await coord.next_batch(t.batch_size, self.step + 1)
+                server = getattr(self, "_server", None)
+                batch = await next_batch_or_stop(coord, t.batch_size, self.step + 1, stop, server)
+                if batch is None:
+                    break
+                items: list[Item] = batch
                 t1 = time.perf_counter()
                 m = await asyncio.to_thread(self.lead, {"cmd": "train", "trajs": [i.traj.to_dict() for i in items]})
                 t2 = time.perf_counter()
@@ -381,7 +465,12 @@ class Trainer:
                 coord.version = self.version
                 sync_s = 0.0
                 if self.version % t.sync_every == 0:
-                    sync_s = await self._sync_weights(s.engine)
+                    try:
+                        sync_s = await self._sync_weights(s.engine)
+                    except EngineError:
+                        stop.check_server(getattr(self, "_server", None))
+                        if stop.reason is None:
+                            raise  # the servers are up and still refused: not a fault a resume fixes
                 if coord.synchronous:
                     coord.allow_next_batch(t.batch_size)
                 t3 = time.perf_counter()
@@ -449,6 +538,7 @@ class Trainer:
             "trainer_idle_frac": (t1 - t0) / max(t3 - t0, 1e-9),
             "step_s": t3 - t0,
             "weight_sync_s": sync_s,
+            "checkpoint_failures": self.checkpoint_failures,
             "action_tokens_mean": float(np.mean([sum(len(s.token_ids) for s in tr.action_segments) for tr in trajs])),
         }
         drift = [float(tr.info["render_drift"]) for tr in trajs if "render_drift" in tr.info]
@@ -495,4 +585,12 @@ def train(config_path: str | None, overrides: list[str] | None = None, resume: s
     else:
         trainer.follow()
     dist_utils.barrier()
+    if trainer.stopped is not None:
+        from saocore.console import say
+
+        say(
+            f"stopped at step {trainer.step}: {trainer.stopped.reason}; the latest checkpoint is "
+            f"{latest_checkpoint(run_dir)}. Continue with `sao train --resume {run_dir}`"
+        )
+        raise SystemExit(trainer.stopped.exit_code)
     return run_dir

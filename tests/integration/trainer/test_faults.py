@@ -1,0 +1,154 @@
+"""Faults during a whole `sao train` run (subprocesses, toy model, real DeepSpeed): SIGTERM, disk full while
+checkpointing. Each ends with a resume whose trajectory accounting is exact, as after kill -9 (test_runs.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests._require import missing
+from tests.integration.trainer.test_runs import FAST, ROOT, _env, _sao, _steps
+
+pytestmark = [pytest.mark.deepspeed, pytest.mark.slow, pytest.mark.timeout(900)]
+
+
+def _state(run: Path) -> dict[str, Any]:
+    ckpts = run / "checkpoints"
+    return dict(json.loads((ckpts / (ckpts / "latest").read_text().strip() / "trainer_state.json").read_text()))
+
+
+def _resume_and_check_the_books(run: Path, steps: int) -> None:
+    from trainer.ledger import replay
+
+    res = subprocess.run(
+        _sao("train", "--resume", str(run)), env=_env(), cwd=ROOT, capture_output=True, text=True, timeout=600
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "checkpoint not written" not in res.stderr, res.stderr[-3000:]
+    acc, _ = replay(run / "trajectories.jsonl")
+    assert acc.balanced(), acc
+    assert acc.double_trained == []
+    assert acc.trained == steps * 8
+    assert _steps(run) == list(range(1, steps + 1)), "resumed metrics must continue the step counter"
+    assert _state(run)["step"] == steps
+    assert (run / "final/actor/model.safetensors").exists()
+
+
+def test_sigterm_stops_cleanly_with_a_checkpoint_and_resume_continues(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    args = ["train", str(ROOT / "configs/toy.yaml"), f"run.dir={run}", "run.total_steps=6", "run.save_every=5", *FAST]
+    proc = subprocess.Popen(_sao(*args), env=_env(), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.time() + 400
+    while time.time() < deadline and max(_steps(run), default=0) < 2:
+        assert proc.poll() is None, proc.stderr.read().decode()[-3000:] if proc.stderr else ""
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, err.decode()[-3000:]
+    assert "--resume" in err.decode()
+    stopped_at = max(_steps(run))
+    assert 2 <= stopped_at < 6
+    # The stop wrote a checkpoint of the step it stopped at (no save was due before step 5) and no final weights.
+    assert _state(run)["step"] == stopped_at
+    assert not (run / "final").exists()
+    assert not list((run / "checkpoints").glob(".*partial"))
+    _resume_and_check_the_books(run, 6)
+
+
+@pytest.fixture()
+def small_disk(tmp_path: Path) -> Any:
+    """A 512 MiB tmpfs mounted at ``tmp_path/run/checkpoints`` (the rest of the run dir stays on the real disk)."""
+    mnt = tmp_path / "run" / "checkpoints"
+    mnt.mkdir(parents=True)
+    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512m", "tmpfs", str(mnt)], capture_output=True, text=True)
+    if res.returncode != 0:
+        missing("a tmpfs mount (root)", f"`mount -t tmpfs` failed: {res.stderr.strip()}")
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def _fill(folder: Path) -> Path:
+    """Write zeros into ``folder`` until the filesystem is full; returns the filler file."""
+    filler = folder / "filler"
+    chunk = b"\0" * (1 << 20)
+    with open(filler, "wb") as f:
+        try:
+            while True:
+                f.write(chunk)
+                f.flush()
+        except OSError:
+            pass
+    return filler
+
+
+def test_disk_full_while_checkpointing_keeps_the_previous_checkpoint(small_disk: Path) -> None:
+    run = small_disk.parent
+    args = ["train", str(ROOT / "configs/toy.yaml"), f"run.dir={run}", "run.total_steps=5", "run.save_every=2", *FAST]
+    proc = subprocess.Popen(_sao(*args), env=_env(), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    filled: list[Path] = []
+
+    def fill_after_first_checkpoint() -> None:
+        # Fill the disk right after the step-2 checkpoint: the saves at steps 4 and 5 then hit a real ENOSPC.
+        while proc.poll() is None and not (small_disk / "latest").exists():
+            time.sleep(0.02)
+        if proc.poll() is None:
+            filled.append(_fill(small_disk))
+
+    watcher = threading.Thread(target=fill_after_first_checkpoint)
+    watcher.start()
+    _, err = proc.communicate(timeout=600)
+    watcher.join()
+    assert proc.returncode == 0, err.decode()[-3000:]  # the run went on to the end
+    assert filled and _steps(run) == [1, 2, 3, 4, 5]
+    assert "step 4: checkpoint not written" in err.decode() and " 0 MiB free there" in err.decode(), err.decode()
+    assert (small_disk / "latest").read_text() == "step_000002" and _state(run)["step"] == 2
+    assert sorted(p.name for p in small_disk.iterdir()) == ["filler", "latest", "step_000002"]  # no partial folder
+    last = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
+    assert last["step"] == 5 and last["checkpoint_failures"] == 1  # step 4's (step 5's comes after its metrics)
+    # The previous checkpoint is loadable: resume from step 2 (disk freed) and check the books.
+    filled[0].unlink()
+    _resume_and_check_the_books(run, 5)
+
+
+def _vllm_server_pids(run: Path) -> list[int]:
+    """The vLLM API server processes serving weights from ``run`` (started by the run itself)."""
+    out = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmd = (proc / "cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        if proc.name.isdigit() and "vllm.entrypoints.openai.api_server" in cmd and str(run) in cmd:
+            out.append(int(proc.name))
+    return out
+
+
+@pytest.mark.vllm
+def test_vllm_server_killed_mid_run_stops_cleanly_and_resume_continues(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    args = ["train", str(ROOT / "configs/toy.yaml"), f"run.dir={run}", "run.total_steps=4", "run.save_every=100"]
+    args += ["rollout.engine=vllm", "rollout.action_vocab=[]", *FAST]
+    proc = subprocess.Popen(_sao(*args), env=_env(), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.time() + 600
+    while time.time() < deadline and max(_steps(run), default=0) < 1:
+        assert proc.poll() is None, proc.stderr.read().decode()[-3000:] if proc.stderr else ""
+        time.sleep(0.5)
+    pids = _vllm_server_pids(run)
+    assert pids, "the run's vLLM server was not found"
+    os.killpg(os.getpgid(pids[0]), signal.SIGKILL)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 75, err.decode()[-3000:]
+    assert "vLLM server exited" in err.decode() and "--resume" in err.decode()
+    assert _state(run)["step"] == max(_steps(run)) < 4
+    assert not (run / "final").exists()
+    assert not _vllm_server_pids(run)
+    _resume_and_check_the_books(run, 4)
+    assert not _vllm_server_pids(run)
