@@ -1,16 +1,19 @@
-"""`sao bench learning`: SAO vs GRPO vs GRPO+DIS vs running-mean vs SAO K=1 vs SAO full-parameter critic.
+"""`sao bench learning`: the paper's claims at CPU scale, one task per claim, variants side by side.
 
-Each (env, variant, seed) is a real `sao train` run (``trainer.run.train`` in this process) of a tiny random-init
-model with a word-level tokenizer (see ``benchmarks.rl_bench_common``) on TokenGame-v0 and OnlineWriting-v0.
-Variants differ only in the trainer config (``configs/bench/learning.yaml``); every run of a seed starts from
-the same initial weights. OnlineWriting's shifting judge gets a schedule of its own per run, so runs never share
-an episode counter.
+Each (task, variant, seed) is a real `sao train` run (``trainer.run.train`` in this process) of a tiny model with
+a word-level tokenizer (see ``benchmarks.rl_bench_common``). Before RL the model is made competent by `sao sft` on
+oracle demonstrations (``rl_bench_common.warm_start``, one model per task family and seed, shared by every
+variant of that seed), so a frozen-attention critic inherits attention that already reads the prompt. Tasks,
+families and variants live in ``configs/bench/learning.yaml``; every variant of a task gets the same trajectory
+budget (steps x batch). OnlineWriting's shifting judge gets a schedule of its own per run.
 
-Outputs under ``--out``: ``learning.json`` (every run's per-step curves and the summary), ``success_vs_step.png``,
-``success_vs_time.png``, ``explained_variance.png``, and each run's directory. The summary table: final success
-(mean over the last ``final_frac`` of the steps, then mean ± std over seeds), the steps and seconds until the
-success rate (smoothed over ``smooth`` steps) first reaches the env's threshold (mean over the seeds that
-reached it, with how many did), and the final explained variance of the critic variants.
+Outputs under ``--out``: ``learning.json`` (every run's per-step curves and the summary), ``success_vs_step.png``
+(mean over seeds, band = min..max), ``dynamics.png`` (explained variance, critic gradient norm, fractions of
+tokens masked low/high by DIS, policy lag), and each run's directory. The summary table: final success (mean
+over the last ``final_frac`` of the steps, then mean ± std over seeds), steps until the smoothed success first
+reaches the task's threshold (mean over the seeds that reached it, with how many did), the final explained
+variance of the critic variants and, for tasks with ``post_shift_steps``, the success in the steps right after
+each preference shift.
 """
 
 from __future__ import annotations
@@ -29,25 +32,27 @@ from benchmarks.rl_bench_common import (
     load_yaml,
     mean_std,
     print_table,
+    register_bench_algorithms,
     train_run,
+    warm_start,
     write_json,
 )
-from trainer.algos.registry import get_algorithm
 
 DEFAULT_CONFIG = Path("configs/bench/learning.yaml")
+DYNAMICS = ("explained_variance", "critic_grad_norm", "mask_frac_low", "mask_frac_high", "policy_lag_mean")
 
 
 @dataclass
 class LearningConfig:
     out: Path = Path("runs/bench/learning")
     config: Path = DEFAULT_CONFIG
-    envs: tuple[str, ...] = ()
-    """Empty = every env of the config file."""
+    tasks: tuple[str, ...] = ()
+    """Empty = every task of the config file."""
     variants: tuple[str, ...] = ()
-    """Empty = every variant of the config file."""
+    """Empty = each task's own variant list; otherwise only these (where the task lists them)."""
     seeds: tuple[int, ...] = (0, 1, 2)
     steps: int | None = None
-    """Policy steps per run (default: the env's run.total_steps in the config)."""
+    """Policy steps per run (default: the task's run.total_steps in the config)."""
     scale: float = 1.0
     """Multiplies the steps (for bigger machines)."""
     smooth: int = 3
@@ -69,27 +74,52 @@ def first_reach(xs: list[float], threshold: float) -> int | None:
     return next((i for i, x in enumerate(xs) if x >= threshold), None)
 
 
+def _num(v: Any) -> float:
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else float("nan")
+
+
 def run_curves(rows: list[dict[str, Any]]) -> dict[str, list[float]]:
-    """Per-step curves of one run: step, success, cumulative trainer seconds, explained variance (NaN if absent)."""
+    """Per-step curves of one run: step, success, reward, cumulative trainer seconds, episodes generated, and the
+    training dynamics (``DYNAMICS``; NaN where a run does not log one, e.g. no critic)."""
     t, clock = 0.0, []
     for r in rows:
         t += float(r["step_s"])
         clock.append(t)
-    ev = [r.get("explained_variance") for r in rows]
-    return {
+    out = {
         "step": [float(r["step"]) for r in rows],
         "success": [float(r["success_rate"]) for r in rows],
         "reward": [float(r["reward_mean"]) for r in rows],
         "time_s": clock,
-        "explained_variance": [float(v) if isinstance(v, int | float) else float("nan") for v in ev],
+        "generated": [_num(r.get("generated")) for r in rows],
     }
+    for key in DYNAMICS:
+        out[key] = [_num(r.get(key)) for r in rows]
+    return out
+
+
+def post_shift_success(curve: dict[str, list[float]], shift_every: int, window: int) -> list[float]:
+    """Mean success over the ``window`` steps after each preference shift. Shift ``j`` happens at episode
+    ``j * shift_every``; its first step is the first whose cumulative ``generated`` count has passed it."""
+    gen, succ = curve.get("generated", []), curve["success"]
+    out: list[float] = []
+    j = 1
+    while True:
+        first = next((i for i, g in enumerate(gen) if math.isfinite(g) and g >= j * shift_every), None)
+        if first is None or first + window > len(succ):
+            return out
+        out.append(sum(succ[first : first + window]) / window)
+        j += 1
 
 
 def summarize_runs(
-    curves: list[dict[str, list[float]]], threshold: float, smooth: int, final_frac: float
+    curves: list[dict[str, list[float]]],
+    threshold: float,
+    smooth: int,
+    final_frac: float,
+    shift: tuple[int, int] | None = None,
 ) -> dict[str, Any]:
-    """Across the seeds of one (env, variant)."""
-    finals, steps_to, secs_to, evs = [], [], [], []
+    """Across the seeds of one (task, variant); ``shift`` = (shift_every episodes, post-shift window in steps)."""
+    finals, steps_to, secs_to, evs, post = [], [], [], [], []
     for c in curves:
         n = len(c["success"])
         k = max(1, math.ceil(n * final_frac))
@@ -98,13 +128,18 @@ def summarize_runs(
         if hit is not None:
             steps_to.append(c["step"][hit])
             secs_to.append(c["time_s"][hit])
-        ev_tail = [v for v in c["explained_variance"][-k:] if math.isfinite(v)]
+        ev_tail = [v for v in c.get("explained_variance", [])[-k:] if math.isfinite(v)]
         if ev_tail:
             evs.append(sum(ev_tail) / len(ev_tail))
+        if shift is not None:
+            ps = post_shift_success(c, *shift)
+            if ps:
+                post.append(sum(ps) / len(ps))
     fm, fs = mean_std(finals)
     sm, _ = mean_std(steps_to)
     tm, _ = mean_std(secs_to)
     em, es = mean_std(evs)
+    pm, ps_ = mean_std(post)
     return {
         "final_success_mean": fm,
         "final_success_std": fs,
@@ -115,17 +150,19 @@ def summarize_runs(
         "seconds_to_threshold_mean": tm,
         "final_explained_variance_mean": em,
         "final_explained_variance_std": es,
+        "post_shift_success_mean": pm,
+        "post_shift_success_std": ps_,
         "threshold": threshold,
     }
 
 
-def make_tokenizer(env_spec: dict[str, Any], out: Path) -> tuple[Path, int]:
-    env = env_spec.get("env", {})
-    kwargs = dict(env.get("kwargs", {}))
-    if env.get("id") == "sao/OnlineWriting-v0":
-        kwargs["schedule"] = "bench-tokenizer-corpus"
-    words = [str(w) for w in env_spec.get("rollout", {}).get("action_vocab", [])]
-    texts = env_texts(str(env["id"]), kwargs, action=words[0] if words else "A")
+def make_tokenizer(family: dict[str, Any], out: Path) -> tuple[Path, int]:
+    """The family's word-level tokenizer (the words of its envs' texts plus its action words) and the tiny
+    model's vocabulary size (rounded up to a multiple of 8)."""
+    words = [str(w) for w in family.get("action_vocab", [])]
+    texts: list[str] = []
+    for env in family.get("texts", []):
+        texts += env_texts(str(env["id"]), dict(env.get("kwargs", {})), action=words[0] if words else "A")
     path = build_word_tokenizer(out, texts, words)
     from transformers import AutoTokenizer
 
@@ -133,58 +170,49 @@ def make_tokenizer(env_spec: dict[str, Any], out: Path) -> tuple[Path, int]:
     return path, int(math.ceil(n / 8) * 8)
 
 
+def task_variants(spec: dict[str, Any], task: str, only: tuple[str, ...] = ()) -> list[str]:
+    listed = list(spec["tasks"][task].get("variants") or spec.get("variants", {}))
+    return [v for v in listed if not only or v in only]
+
+
 def run_config(
-    spec: dict[str, Any], env_name: str, variant: str, seed: int, steps: int, tokenizer: Path, vocab: int
+    spec: dict[str, Any],
+    task: str,
+    variant: str,
+    seed: int,
+    steps: int,
+    tokenizer: Path,
+    vocab: int,
+    model_path: str | None = None,
 ) -> dict[str, Any]:
-    """The trainer config of one (env, variant, seed)."""
-    env_spec = {k: v for k, v in spec["envs"][env_name].items() if k not in ("label", "threshold")}
+    """The trainer config of one (task, variant, seed); ``model_path``: the warm-started model (None: tiny init)."""
+    skip = ("label", "claim", "threshold", "family", "variants", "post_shift_steps")
+    task_spec = {k: v for k, v in spec["tasks"][task].items() if k not in skip}
     var_spec = {k: v for k, v in spec["variants"][variant].items() if k != "label"}
-    cfg = deep_update(deep_update(spec.get("base", {}), env_spec), var_spec)
+    cfg = deep_update(deep_update(spec.get("base", {}), task_spec), var_spec)
     cfg.setdefault("run", {}).update(seed=seed, total_steps=steps)
     model = cfg.setdefault("model", {})
     model["tokenizer"] = str(tokenizer)
     model.setdefault("tiny_overrides", {})["vocab_size"] = vocab
+    if model_path is not None:
+        model["path"] = model_path
     env = cfg.setdefault("env", {})
     if env.get("id") == "sao/OnlineWriting-v0":
-        env.setdefault("kwargs", {})["schedule"] = f"bench-{env_name}-{variant}-{seed}-{time.monotonic_ns()}"
+        env.setdefault("kwargs", {})["schedule"] = f"bench-{task}-{variant}-{seed}-{time.monotonic_ns()}"
     t = cfg.setdefault("trainer", {})
-    if get_algorithm(str(t.get("algorithm", "sao"))).grouped:  # a batch holds whole groups
+    from trainer.algos.registry import get_algorithm
+
+    register_bench_algorithms()
+    if get_algorithm(str(t.get("algorithm", "sao"))).grouped:
         bs, g = int(t.get("batch_size", 8)), int(t.get("group_size", 4))
         t["batch_size"] = max(g, bs // g * g)
     return cfg
 
 
-def _plot(doc: dict[str, Any], out: Path, x_key: str, y_key: str, fname: str, ylabel: str, only_critic: bool) -> Path:
-    import matplotlib
+def _uses_critic(cfg: dict[str, Any]) -> bool:
+    from trainer.algos.registry import get_algorithm
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    envs = list(doc["envs"])
-    fig, axes = plt.subplots(1, len(envs), figsize=(6 * len(envs), 3.8), squeeze=False)
-    for ax, env in zip(axes[0], envs, strict=True):
-        for _variant, res in doc["envs"][env]["variants"].items():
-            if only_critic and not res["uses_critic"]:
-                continue
-            curves = res["curves"]
-            n = min(len(c[y_key]) for c in curves)
-            xs = [sum(c[x_key][i] for c in curves) / len(curves) for i in range(n)]
-            per_seed = [smoothed(c[y_key][:n], doc["smooth"]) for c in curves]
-            ys = [_nanmean([s[i] for s in per_seed]) for i in range(n)]
-            lo = [min(s[i] for s in per_seed) for i in range(n)]
-            hi = [max(s[i] for s in per_seed) for i in range(n)]
-            (line,) = ax.plot(xs, ys, label=res["label"])
-            ax.fill_between(xs, lo, hi, color=line.get_color(), alpha=0.12)
-        ax.set_title(doc["envs"][env]["label"], fontsize=10)
-        ax.set_xlabel("policy step" if x_key == "step" else "trainer wall-clock (s)")
-        ax.set_ylabel(ylabel)
-        ax.legend(fontsize=7)
-    fig.suptitle(f"{ylabel} (mean over seeds, band = min..max, smoothed over {doc['smooth']} steps)", fontsize=9)
-    fig.tight_layout()
-    path = out / fname
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return path
+    return bool(get_algorithm(str(cfg.get("trainer", {}).get("algorithm", "sao"))).critic)
 
 
 def _nanmean(xs: list[float]) -> float:
@@ -192,63 +220,137 @@ def _nanmean(xs: list[float]) -> float:
     return sum(vals) / len(vals) if vals else float("nan")
 
 
+def _band(ax: Any, curves: list[dict[str, list[float]]], key: str, smooth: int, label: str, **kw: Any) -> None:
+    n = min(len(c[key]) for c in curves)
+    xs = [c for c in curves[0]["step"][:n]]
+    per_seed = [smoothed(c[key][:n], smooth) for c in curves]
+    ys = [_nanmean([s[i] for s in per_seed]) for i in range(n)]
+    lo = [min((s[i] for s in per_seed if math.isfinite(s[i])), default=float("nan")) for i in range(n)]
+    hi = [max((s[i] for s in per_seed if math.isfinite(s[i])), default=float("nan")) for i in range(n)]
+    (line,) = ax.plot(xs, ys, label=label, **kw)
+    ax.fill_between(xs, lo, hi, color=line.get_color(), alpha=0.12)
+
+
+def plot_success(doc: dict[str, Any], path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tasks = list(doc["tasks"])
+    fig, axes = plt.subplots(1, len(tasks), figsize=(5.5 * len(tasks), 4.0), squeeze=False)
+    for ax, task in zip(axes[0], tasks, strict=True):
+        for res in doc["tasks"][task]["variants"].values():
+            _band(ax, res["curves"], "success", doc["smooth"], res["label"])
+        ax.set_title(doc["tasks"][task]["label"], fontsize=9)
+        ax.set_xlabel("policy step")
+        ax.set_ylabel("success rate")
+        ax.legend(fontsize=6)
+    fig.suptitle(f"success (mean over seeds, band = min..max, smoothed over {doc['smooth']} steps)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+    return path
+
+
+def plot_dynamics(doc: dict[str, Any], path: Path) -> Path:
+    """One row per task: explained variance, critic grad norm, DIS masked low, masked high, policy lag."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tasks = list(doc["tasks"])
+    titles = ["critic explained variance", "critic grad norm", "masked low by DIS", "masked high by DIS",
+              "mean policy lag"]  # fmt: skip
+    fig, axes = plt.subplots(len(tasks), len(DYNAMICS), figsize=(4.2 * len(DYNAMICS), 3.0 * len(tasks)), squeeze=False)
+    for row, task in zip(axes, tasks, strict=True):
+        for ax, key, title in zip(row, DYNAMICS, titles, strict=True):
+            for res in doc["tasks"][task]["variants"].values():
+                if all(not math.isfinite(x) for c in res["curves"] for x in c[key]):
+                    continue
+                _band(ax, res["curves"], key, doc["smooth"], res["label"], lw=0.9)
+            ax.set_title(f"{doc['tasks'][task]['label'][:28]}: {title}", fontsize=7)
+            ax.tick_params(labelsize=7)
+        row[0].legend(fontsize=5)
+    fig.tight_layout()
+    fig.savefig(path, dpi=70)
+    plt.close(fig)
+    return path
+
+
 def run(lc: LearningConfig, echo: Callable[[str], None] = print) -> dict[str, Any]:
-    """Every (env, variant, seed) run, the table, JSON + PNGs; returns the JSON document."""
+    """Every (task, variant, seed) run, the table, JSON + PNGs; returns the JSON document."""
     spec = deep_update(load_yaml(lc.config), lc.overrides)
-    env_names = lc.envs or tuple(spec.get("envs", {}))
-    var_names = lc.variants or tuple(spec.get("variants", {}))
-    for kind, names, known in (
-        ("env", env_names, spec.get("envs", {})),
-        ("variant", var_names, spec.get("variants", {})),
-    ):
-        bad = [n for n in names if n not in known]
-        if bad:
-            raise ValueError(f"unknown {kind}(s) {bad}; {lc.config} defines {list(known)}")
+    task_names = lc.tasks or tuple(spec.get("tasks", {}))
+    bad_t = [n for n in task_names if n not in spec.get("tasks", {})]
+    if bad_t:
+        raise ValueError(f"unknown task(s) {bad_t}; {lc.config} defines {list(spec.get('tasks', {}))}")
+    bad_v = [n for n in lc.variants if n not in spec.get("variants", {})]
+    if bad_v:
+        raise ValueError(f"unknown variant(s) {bad_v}; {lc.config} defines {list(spec.get('variants', {}))}")
     if not lc.seeds:
         raise ValueError("--seeds needs at least one seed, e.g. 0,1,2")
+    register_bench_algorithms()
     lc.out.mkdir(parents=True, exist_ok=True)
-    doc: dict[str, Any] = {"benchmark": "learning", "seeds": list(lc.seeds), "smooth": lc.smooth, "envs": {}}
-    total = len(env_names) * len(var_names) * len(lc.seeds)
+    doc: dict[str, Any] = {"benchmark": "learning", "seeds": list(lc.seeds), "smooth": lc.smooth, "tasks": {}}
+    plan = [(t, v) for t in task_names for v in task_variants(spec, t, lc.variants)]
+    total = len(plan) * len(lc.seeds)
     done, t_all = 0, time.perf_counter()
-    for env_name in env_names:
-        env_spec = spec["envs"][env_name]
-        tokenizer, vocab = make_tokenizer(env_spec, lc.out / "tokenizers" / env_name)
-        base_steps = int(deep_update(spec.get("base", {}), env_spec).get("run", {}).get("total_steps", 30))
+    toks: dict[str, tuple[Path, int]] = {}
+    for task in task_names:
+        task_spec = spec["tasks"][task]
+        fam_name = str(task_spec.get("family", task))
+        family = spec.get("families", {}).get(fam_name, {})
+        if fam_name not in toks:
+            toks[fam_name] = make_tokenizer(family, lc.out / "families" / fam_name / "tokenizer")
+        tokenizer, vocab = toks[fam_name]
+        base_steps = int(deep_update(spec.get("base", {}), task_spec).get("run", {}).get("total_steps", 30))
         steps = max(1, math.ceil((lc.steps or base_steps) * lc.scale))
-        threshold = float(env_spec.get("threshold", 0.5))
-        entry: dict[str, Any] = {"label": env_spec.get("label", env_name), "threshold": threshold, "variants": {}}
-        doc["envs"][env_name] = entry
-        for variant in var_names:
+        threshold = float(task_spec.get("threshold", 0.5))
+        shift = None
+        if task_spec.get("post_shift_steps"):
+            shift = (int(task_spec["env"]["kwargs"]["shift_every"]), int(task_spec["post_shift_steps"]))
+        entry: dict[str, Any] = {
+            "label": task_spec.get("label", task),
+            "claim": task_spec.get("claim", ""),
+            "threshold": threshold,
+            "variants": {},
+        }
+        doc["tasks"][task] = entry
+        for variant in task_variants(spec, task, lc.variants):
             curves, walls = [], []
             cfg: dict[str, Any] = {}
             for seed in lc.seeds:
-                cfg = run_config(spec, env_name, variant, seed, steps, tokenizer, vocab)
-                rows, wall = train_run(cfg, lc.out / "runs" / env_name / f"{variant}_seed{seed}")
+                model_path = None
+                if family.get("warm_start"):
+                    ws = family["warm_start"]
+                    wcfg = run_config(spec, task, variant, seed, steps, tokenizer, vocab)
+                    wcfg["env"] = dict(ws.get("env", wcfg["env"]))
+                    model_path = str(warm_start(wcfg, ws, lc.out / "families" / fam_name / f"warm_seed{seed}"))
+                cfg = run_config(spec, task, variant, seed, steps, tokenizer, vocab, model_path)
+                rows, wall = train_run(cfg, lc.out / "runs" / task / f"{variant}_seed{seed}")
                 curves.append(run_curves(rows))
                 walls.append(wall)
                 done += 1
                 echo(
-                    f"[{done}/{total}] {env_name} {variant} seed {seed}: final success "
+                    f"[{done}/{total}] {task} {variant} seed {seed}: final success "
                     f"{curves[-1]['success'][-1]:.2f}, {wall:.0f}s (elapsed {time.perf_counter() - t_all:.0f}s)"
                 )
-            s = summarize_runs(curves, threshold, lc.smooth, lc.final_frac)
+            s = summarize_runs(curves, threshold, lc.smooth, lc.final_frac, shift)
             s["wall_s_mean"] = sum(walls) / len(walls)
-            algo = cfg.get("trainer", {}).get("algorithm", "sao")
             entry["variants"][variant] = {
                 "label": spec["variants"][variant].get("label", variant),
-                "uses_critic": get_algorithm(algo).critic,
+                "uses_critic": _uses_critic(cfg),
                 "summary": s,
                 "curves": curves,
                 "config": cfg,
             }
+        write_json(lc.out / "learning.json", doc)  # partial results survive a long bench being stopped
     doc["total_wall_s"] = time.perf_counter() - t_all
     _print_summary(doc, echo)
     write_json(lc.out / "learning.json", doc)
-    pngs = [
-        _plot(doc, lc.out, "step", "success", "success_vs_step.png", "success rate", False),
-        _plot(doc, lc.out, "time_s", "success", "success_vs_time.png", "success rate", False),
-        _plot(doc, lc.out, "step", "explained_variance", "explained_variance.png", "explained variance", True),
-    ]
+    pngs = [plot_success(doc, lc.out / "success_vs_step.png"), plot_dynamics(doc, lc.out / "dynamics.png")]
     echo(f"\nwrote {lc.out / 'learning.json'} and {', '.join(str(p) for p in pngs)}")
     return doc
 
@@ -258,20 +360,23 @@ def _fmt(x: float, digits: int = 2) -> str:
 
 
 def _print_summary(doc: dict[str, Any], echo: Callable[[str], None]) -> None:
-    headers = ["env", "variant", "final success", "reached", "steps to thr", "s to thr", "final EV", "s/run"]
+    headers = ["task", "variant", "final success", "reached", "steps to thr", "final EV", "post-shift", "s/run"]
     rows = []
-    for env in doc["envs"].values():
-        for res in env["variants"].values():
+    for task in doc["tasks"].values():
+        for res in task["variants"].values():
             s = res["summary"]
+            post = s.get("post_shift_success_mean", float("nan"))
             rows.append(
                 [
-                    f"{env['label']} (thr {env['threshold']:g})",
+                    f"{task['label']} (thr {task['threshold']:g})",
                     res["label"],
                     f"{_fmt(s['final_success_mean'])} ± {_fmt(s['final_success_std'])}",
                     f"{s['reached']}/{s['seeds']}",
                     _fmt(s["steps_to_threshold_mean"], 1),
-                    _fmt(s["seconds_to_threshold_mean"], 1),
                     _fmt(s["final_explained_variance_mean"]) if res["uses_critic"] else "n/a",
+                    f"{_fmt(post)} ± {_fmt(s.get('post_shift_success_std', float('nan')))}"
+                    if math.isfinite(post)
+                    else "n/a",
                     f"{s['wall_s_mean']:.0f}",
                 ]
             )

@@ -139,3 +139,180 @@ def print_table(headers: list[str], rows: list[list[str]], echo: Callable[[str],
     echo("|" + "|".join("-" * (w + 2) for w in widths) + "|")
     for r in rows:
         echo("| " + " | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) + " |")
+
+
+# -- warm start: demonstrations from an oracle, then `sao sft` ---------------------------------------------------
+
+
+def _token_game_oracle(env: Any, rng: Any, spec: dict[str, Any]) -> Callable[[int], str] | None:
+    """The TokenGame demonstrator: the right symbol with probability ``accuracy``, else another one. Tasks whose
+    rule is not in ``rules`` (default: all) are not demonstrated (None), so e.g. only copy prompts get taught."""
+    rules = spec.get("rules")
+    if rules and env._task_rule not in rules:
+        return None
+    acc = float(spec.get("accuracy", 1.0))
+
+    def answer(turn: int) -> str:
+        right = env.target(env._seq[turn])
+        if rng.random() < acc:
+            return str(right)
+        return str(rng.choice([s for s in env.symbols if s != right]))
+
+    return answer
+
+
+def _online_writing_oracle(env: Any, rng: Any, spec: dict[str, Any]) -> Callable[[int], str] | None:
+    """The OnlineWriting demonstrator: one of ``replies`` (lines that satisfy the style being taught)."""
+    replies = [str(r) for r in spec.get("replies", [])]
+    if not replies:
+        raise ValueError("warm_start.demo.replies: give the lines to demonstrate, e.g. ['what nice ?']")
+    return lambda turn: str(rng.choice(replies))
+
+
+ORACLES: dict[str, Callable[[Any, Any, dict[str, Any]], Callable[[int], str] | None]] = {
+    "sao/TokenGame-v0": _token_game_oracle,
+    "sao/OnlineWriting-v0": _online_writing_oracle,
+}
+
+
+def write_demonstrations(
+    path: Path, env_id: str, kwargs: dict[str, Any], episodes: int, spec: dict[str, Any], seed: int
+) -> int:
+    """Play ``episodes`` seeded episodes with the env's oracle (``ORACLES``) and write them as chat conversations
+    (OpenAI messages, one JSON line each) for `sao sft`; returns how many were written (tasks the oracle skips
+    are not written). The episodes use seeds disjoint from the RL runs' task seeds (``10**6 + ...``)."""
+    import random
+
+    import gymnasium
+
+    import envs  # noqa: F401 - registers the sao/ envs
+
+    if env_id not in ORACLES:
+        raise ValueError(f"no demonstration oracle for {env_id}; warm starts exist for {sorted(ORACLES)}")
+    rng = random.Random(seed)
+    lines: list[str] = []
+    for k in range(episodes):
+        env: Any = gymnasium.make(env_id, **kwargs).unwrapped
+        try:
+            obs, info = env.reset(seed=10**6 + seed * 10**4 + k)
+            answer = ORACLES[env_id](env, rng, spec)
+            if answer is None:
+                continue
+            messages = [{"role": "system", "content": str(info.get("system_prompt") or "")}]
+            messages.append({"role": "user", "content": obs})
+            done, turn = False, 0
+            while not done:
+                act = answer(turn)
+                messages.append({"role": "assistant", "content": act})
+                obs, _, term, trunc, _ = env.step(act)
+                done = term or trunc
+                turn += 1
+                if not done:
+                    messages.append({"role": str(info.get("role") or "user"), "content": obs})
+            lines.append(json.dumps({"messages": messages}))
+        finally:
+            env.close()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n")
+    return len(lines)
+
+
+def warm_start(cfg: dict[str, Any], spec: dict[str, Any], out_dir: Path) -> Path:
+    """Make the tiny model of ``cfg`` competent before RL: demonstrations from the env's oracle, then `sao sft`
+    (``trainer.sft.run_sft``, the action-token loss on the agent's own rendering) from ``cfg``'s model and seed.
+    ``spec``: ``episodes``, ``steps``, ``lr``, ``batch_size`` and ``demo`` (the oracle's settings). Returns the
+    fine-tuned model dir (``out_dir/final/actor``, tokenizer included) for ``model.path``. Reuses a finished one."""
+    from trainer.config import config_from_dict
+    from trainer.sft import run_sft
+
+    final = out_dir / "final" / "actor"
+    if (final / "config.json").exists():
+        return final
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    env = cfg.get("env", {})
+    seed = int(cfg.get("run", {}).get("seed", 0))
+    demos = out_dir.with_name(out_dir.name + "_demos.jsonl")
+    n = write_demonstrations(
+        demos, str(env["id"]), dict(env.get("kwargs", {})), int(spec.get("episodes", 256)), spec.get("demo", {}), seed
+    )
+    if n == 0:
+        raise ValueError(f"warm_start: the oracle demonstrated none of {spec.get('episodes')} episodes; check demo")
+    sft_cfg = deep_update(
+        {k: v for k, v in cfg.items() if k in ("model", "deepspeed", "env")},
+        {
+            "run": {"dir": str(out_dir), "seed": seed, "plot": False, "progress": False, "tensorboard": False,
+                    "save_every": 10**6},
+            "sft": {"data": [str(demos)], "steps": int(spec.get("steps", 40)), "lr": float(spec.get("lr", 3e-3)),
+                    "batch_size": int(spec.get("batch_size", 16))},
+        },
+    )  # fmt: skip
+    run_sft(config_from_dict(sft_cfg), out_dir)
+    if not (final / "config.json").exists():
+        raise RuntimeError(f"warm_start: `sao sft` finished without writing {final}")
+    return final
+
+
+# -- bench-only algorithms for the ablations ---------------------------------------------------------------------
+
+
+def _no_correction_loss(x: Any) -> tuple[Any, dict[str, Any]]:
+    """``L = -mean_t[A_t * logp_t]``: the policy gradient as if every token were on-policy (no importance weight,
+    no mask), the "no correction" arm of the staleness ablation. Logs the DIS ratio metrics it ignores."""
+    import torch
+
+    mask = x.action_mask.bool()
+    n = mask.sum().clamp(min=1).float()
+    denom = torch.tensor(float(x.normalizer)) if x.normalizer is not None else n
+    adv = torch.where(mask, x.advantages.to(x.logp.dtype), torch.zeros_like(x.logp))
+    loss = -(adv * torch.where(mask, x.logp, torch.zeros_like(x.logp))).sum() / denom
+    ratio = torch.exp(torch.where(mask, x.logp.detach() - x.rollout_logp.to(x.logp.dtype), torch.zeros_like(x.logp)))
+    metrics = {
+        "ratio_mean": (torch.where(mask, ratio, torch.zeros_like(ratio)).sum() / n).detach(),
+        "num_tokens": mask.sum().float(),
+    }
+    return loss, metrics
+
+
+def register_bench_algorithms() -> None:
+    """Ablation arms the product does not ship, registered through the public algorithm registry (idempotent):
+
+    * ``sao_nocorr``: SAO's critic and skip-observation GAE, but the plain policy gradient on stale rollouts
+      (no DIS): what DIS is measured against under heavy-tailed latency;
+    * ``grpo_async``: GRPO's groups and PPO clip against an old-policy recompute, run asynchronously with
+      ``trainer.max_staleness`` (the clip is around the learner's current weights, nothing corrects for the
+      engine's older policy): "GRPO without DIS under the same lag".
+    """
+    from trainer.algos.registry import (
+        AlgorithmSpec,
+        algorithm_names,
+        policy_loss_names,
+        register_algorithm,
+        register_policy_loss,
+    )
+
+    if "pg_no_correction" not in policy_loss_names():
+        register_policy_loss("pg_no_correction")(_no_correction_loss)
+    known = algorithm_names()
+    if "sao_nocorr" not in known:
+        register_algorithm(
+            AlgorithmSpec(
+                "sao_nocorr",
+                advantage="skip_obs_gae",
+                policy_loss="pg_no_correction",
+                critic=True,
+                summary="bench ablation: SAO without DIS (plain policy gradient on stale rollouts)",
+            )
+        )
+    if "grpo_async" not in known:
+        register_algorithm(
+            AlgorithmSpec(
+                "grpo_async",
+                advantage="grpo",
+                policy_loss="ppo_clip",
+                critic=False,
+                old_policy_recompute=True,
+                grouped=True,
+                summary="bench ablation: GRPO groups + PPO clip, asynchronous with trainer.max_staleness, no DIS",
+            )
+        )

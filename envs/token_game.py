@@ -3,7 +3,11 @@
 Rules. An episode has ``turns`` turns (default 3). Each turn the env shows one symbol drawn from ``symbols``
 (default ``A B C``); the rewarded action is determined by that turn's observation:
 - ``rule="copy"`` (default): answer with the symbol shown;
-- ``rule="next"``: answer with the symbol after it in ``symbols`` (cyclic), which needs a learned mapping.
+- ``rule="next"``: answer with the symbol after it in ``symbols`` (cyclic), which needs a learned mapping;
+- ``rule="mixed"``: each task draws ``copy`` or ``next`` (``next`` with probability ``next_share``) and the prompt
+  names it, so prompts of very different difficulty share one run (a policy that only copies solves the copy
+  prompts and almost none of the next prompts: the state-dependent value a critic can learn and a running-mean
+  baseline cannot).
 An answer is read as the first whitespace-separated word of the message, stripped of surrounding punctuation and
 quotes, compared case-insensitively. The env gives no feedback on correctness: the next observation is simply the
 next symbol, and the episode always lasts ``turns`` turns.
@@ -15,8 +19,9 @@ across turns and through the observation tokens between them. ``reward="partial"
 
 Messages are short ASCII so the SmolLM2 chat template renders them in a few tokens. ``info["allowed_actions"]``
 (at reset) lists the valid answers, so a trainer on a random-init model can restrict sampling to their tokens.
-A task (``options={"task": {"sequence": ["B", "A", "C"]}}``) fixes the shown symbols; otherwise they are drawn
-with the seeded generator.
+A task (``options={"task": {"sequence": ["B", "A", "C"], "rule": "next"}}``) fixes the shown symbols (and, for
+``rule="mixed"``, the task's rule); otherwise they are drawn with the seeded generator. ``info["rule"]`` (at reset)
+is the task's rule.
 """
 
 from __future__ import annotations
@@ -41,29 +46,39 @@ class TokenGameEnv(MultiTurnEnv):
         reward: str = "all",
         max_format_errors: int = 1000,
         max_wall_s: float = 600.0,
+        next_share: float = 0.5,
     ) -> None:
         syms = list(symbols.split() if isinstance(symbols, str) and " " in symbols else symbols)
         if turns < 1:
             raise ValueError(f"TokenGame turns must be >= 1, got {turns}")
         if len(syms) < 2 or len(set(s.lower() for s in syms)) != len(syms) or any(not s.isascii() for s in syms):
             raise ValueError(f"TokenGame symbols must be >= 2 distinct ASCII words, got {syms!r}")
-        if rule not in ("copy", "next"):
-            raise ValueError(f"TokenGame rule must be 'copy' or 'next', got {rule!r}")
+        if rule not in ("copy", "next", "mixed"):
+            raise ValueError(f"TokenGame rule must be 'copy', 'next' or 'mixed', got {rule!r}")
+        if not 0.0 <= next_share <= 1.0:
+            raise ValueError(f"TokenGame next_share must be in [0, 1], got {next_share}")
         if reward not in ("all", "partial"):
             raise ValueError(f"TokenGame reward must be 'all' or 'partial', got {reward!r}")
         # The episode ends by itself after `turns` steps; wrong answers are not format errors.
         super().__init__(max_steps=turns + 1, max_wall_s=max_wall_s, max_format_errors=max_format_errors)
         self.turns, self.symbols, self.rule, self.reward_mode = int(turns), syms, rule, reward
+        self.next_share = float(next_share)
+        self._task_rule = "next" if rule == "next" else "copy"
         self._seq: list[str] = []
         self._answers: list[str] = []
         self._correct: list[bool] = []
 
     def sample_task(self, rng: np.random.Generator) -> dict[str, Any]:
-        return {"sequence": [self.symbols[int(i)] for i in rng.integers(0, len(self.symbols), size=self.turns)]}
+        task: dict[str, Any] = {
+            "sequence": [self.symbols[int(i)] for i in rng.integers(0, len(self.symbols), size=self.turns)]
+        }
+        if self.rule == "mixed":
+            task["rule"] = "next" if float(rng.random()) < self.next_share else "copy"
+        return task
 
     def target(self, shown: str) -> str:
-        """The rewarded answer for a shown symbol."""
-        if self.rule == "copy":
+        """The rewarded answer for a shown symbol under the current task's rule."""
+        if self._task_rule == "copy":
             return shown
         return self.symbols[(self.symbols.index(shown) + 1) % len(self.symbols)]
 
@@ -79,10 +94,19 @@ class TokenGameEnv(MultiTurnEnv):
             raise ValueError(
                 f"TokenGame task 'sequence' must hold {self.turns} symbols from {self.symbols}, got {seq!r}"
             )
-        self._seq, self._answers, self._correct = seq, [], []
-        how = "the symbol shown" if self.rule == "copy" else "the symbol after the one shown (cyclic)"
-        intro = f"Symbols: {' '.join(self.symbols)}. Each turn, answer with {how}."
-        info = {"task_id": "-".join(seq), "allowed_actions": list(self.symbols)}
+        rule = str(task.get("rule", "copy" if self.rule == "mixed" else self.rule))
+        if rule not in ("copy", "next") or (self.rule != "mixed" and rule != self.rule):
+            raise ValueError(
+                f"TokenGame task 'rule' must be 'copy' or 'next' (and match the env's rule {self.rule!r} unless it "
+                f"is 'mixed'), got {rule!r}"
+            )
+        self._seq, self._answers, self._correct, self._task_rule = seq, [], [], rule
+        how = "the symbol shown" if rule == "copy" else "the symbol after the one shown (cyclic)"
+        intro = f"Symbols: {' '.join(self.symbols)}. Rule {rule}: each turn, answer with {how}."
+        if self.rule != "mixed":
+            intro = f"Symbols: {' '.join(self.symbols)}. Each turn, answer with {how}."
+        task_id = "-".join(seq) if self.rule != "mixed" else f"{rule}:{'-'.join(seq)}"
+        info = {"task_id": task_id, "allowed_actions": list(self.symbols), "rule": rule}
         return f"{intro}\n{self._turn_text(0)}", info
 
     def _turn_text(self, i: int) -> str:
@@ -109,6 +133,7 @@ class TokenGameEnv(MultiTurnEnv):
             return Turn(observation=self._turn_text(i + 1), reward=reward, info=info)
         info["solved"] = all(self._correct)
         info["report"] = {
+            "rule": self._task_rule,
             "shown": list(self._seq),
             "targets": [self.target(s) for s in self._seq],
             "answers": list(self._answers),

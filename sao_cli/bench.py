@@ -169,14 +169,14 @@ def throughput(
 @app.command("learning")
 def learning(
     out: str = typer.Option("runs/bench/learning", help="folder for learning.json, the PNG curves and the runs"),
-    config: str = typer.Option("configs/bench/learning.yaml", help="base trainer config, envs and variants"),
-    envs: str = typer.Option("", help="comma-separated envs (default: all in the config: token_game,online_writing)"),
-    variants: str = typer.Option("", help="comma-separated variants (default: all in the config)"),
+    config: str = typer.Option("configs/bench/learning.yaml", help="base trainer config, tasks and variants"),
+    tasks: str = typer.Option("", help="comma-separated tasks (default: all in the config)"),
+    variants: str = typer.Option("", help="only these variants (default: each task's own list)"),
     seeds: str = typer.Option("0,1,2", help="comma-separated seeds"),
     steps: int = typer.Option(0, help="policy steps per run (0 = the config's run.total_steps)"),
     scale: float = typer.Option(1.0, help="multiply the steps (bigger machines)"),
 ) -> None:
-    """SAO vs GRPO vs GRPO+DIS vs running-mean vs SAO K=1 vs full-param critic: curves and a summary table."""
+    """The paper's claims, one task each: SAO vs its ablations and baselines from a warm start, 3 seeds."""
     from pathlib import Path
 
     from benchmarks.bench_learning import LearningConfig, run
@@ -188,10 +188,43 @@ def learning(
     if scale <= 0 or steps < 0:
         raise typer.BadParameter("--scale must be > 0 and --steps >= 0")
     lc = LearningConfig(
-        out=Path(out), config=Path(config), envs=_csv(envs), variants=_csv(variants),
+        out=Path(out), config=Path(config), tasks=_csv(tasks), variants=_csv(variants),
         seeds=seed_list, steps=steps or None, scale=scale,
     )  # fmt: skip
     try:
         run(lc, echo=typer.echo)
+    except (ValueError, FileNotFoundError) as e:
+        raise typer.BadParameter(str(e)) from e
+
+
+@app.command("stability")
+def stability(
+    out: str = typer.Option("runs/bench/stability", help="folder for stability.json, stability.png and the runs"),
+    config: str = typer.Option("configs/bench/stability.yaml", help="base trainer config, warm start, variants"),
+    variants: str = typer.Option("", help="comma-separated variants (default: all in the config)"),
+    seeds: str = typer.Option("0,1,2", help="comma-separated seeds"),
+    steps: int = typer.Option(0, help="policy steps per run (0 = the config's run.total_steps)"),
+    window: int = typer.Option(20, help="steps the success rate is smoothed over"),
+    plateau: float = typer.Option(0.9, help="smoothed success that counts as the plateau"),
+    max_drop: float = typer.Option(0.1, help="the largest allowed fall below the running best after the plateau"),
+    report_only: bool = typer.Option(False, "--report-only", help="only rebuild the table and plot from --out"),
+) -> None:
+    """Long SAO runs at policy lag >= 4 vs GRPO without DIS: success, drop from best, entropy, EV, DIS masks."""
+    from pathlib import Path
+
+    from benchmarks.bench_stability import StabilityConfig, run
+
+    try:
+        seed_list = tuple(int(s) for s in _csv(seeds))
+    except ValueError as e:
+        raise typer.BadParameter(f"--seeds must be integers like 0,1,2, got {seeds!r}") from e
+    if steps < 0:
+        raise typer.BadParameter("--steps must be >= 0")
+    sc = StabilityConfig(
+        out=Path(out), config=Path(config), variants=_csv(variants), seeds=seed_list, steps=steps or None,
+        window=window, plateau=plateau, max_drop=max_drop, report_only=report_only,
+    )  # fmt: skip
+    try:
+        run(sc, echo=typer.echo)
     except (ValueError, FileNotFoundError) as e:
         raise typer.BadParameter(str(e)) from e
