@@ -573,6 +573,8 @@ RESUME_MUTABLE = {
     "run.plot",
     "run.tensorboard",
     "run.wandb_project",
+    "cluster.address",  # a resumed run may join another Ray cluster
+    "cluster.advertise_host",
 }
 
 
