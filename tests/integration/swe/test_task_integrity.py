@@ -288,3 +288,22 @@ def test_the_grader_restores_test_files_before_running_them(
     no_restore = "\n".join(ln for ln in task["eval_script"].splitlines() if not ln.startswith("git checkout "))
     unguarded = grade_patch({**task, "eval_script": no_restore}, cheat)
     assert unguarded.resolved, unguarded.log[-2000:]
+
+
+def test_the_agent_container_holds_none_of_the_graders_files(offline_tasks: list[dict[str, Any]]) -> None:
+    """The eval script, the gold patch and the test lists live only in the grader's fresh container and the
+    host's task record; the agent's container gets the repository and the problem statement."""
+    import envs  # noqa: F401 - registers the sao/ ids
+    from envs.swe.env import SWEEnv
+
+    task = offline_tasks[0]
+    env = SWEEnv([task])
+    try:
+        env.reset(seed=0)
+        call = json.dumps({"name": "bash", "arguments": {"command": "ls /eval.sh /tmp/patch.diff /tmp/gold.diff; env"}})
+        out = env.step(f"<tool_call>{call}</tool_call>")[0]
+        assert out.count("No such file or directory") == 3, out
+        for secret in (task["FAIL_TO_PASS"][0], task["instance_id"], "eval_script", ">>>>> Start Test Output"):
+            assert secret not in out, secret
+    finally:
+        env.close()
