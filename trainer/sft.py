@@ -22,7 +22,7 @@ import torch
 
 from trainer import distributed as dist_utils
 from trainer.config import Config, ConfigError, config_diff, load_config, save_config
-from trainer.learner import make_engine
+from trainer.engine import make_engine
 from trainer.metrics import MetricsWriter, plot_run
 from trainer.sft_data import Example, bucketed_batches, load_examples, padding_fraction
 

@@ -19,7 +19,7 @@ from trainer import distributed as dist_utils
 from trainer.algos.advantages import skip_observation_gae
 from trainer.batch import collate
 from trainer.config import ConfigError, load_config
-from trainer.learner import (
+from trainer.engine import (
     critic_step,
     ev_from_parts,
     ev_parts,
