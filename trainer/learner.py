@@ -153,7 +153,7 @@ class Learner:
         olds: list[torch.Tensor] = []
         if self.critic is not None:
             with torch.no_grad():
-                olds = [self._values(b) * b.response_mask for b in micro]
+                olds = [torch.where(b.response_mask, self._values(b), 0.0) for b in micro]
             bad = sum(float((b.response_mask & ~torch.isfinite(v)).sum()) for b, v in zip(micro, olds, strict=True))
             m["nonfinite_values"] = dist_utils.all_reduce_sum([bad])[0]
             if m["nonfinite_values"] > 0:
