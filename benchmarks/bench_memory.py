@@ -199,7 +199,8 @@ def _plot(rows: list[dict[str, Any]], cfg: MemoryBenchConfig, path: Path) -> Non
     names = [r["variant"] for r in rows]
     ax.bar(names, [r["peak_extra_bytes"] / 2**20 for r in rows], color=["#c44", "#4a4", "#888"][: len(rows)])
     ax.set_ylabel("peak memory of one actor step, MiB")
-    ax.set_title(f"{cfg.model}, T={cfg.seq_len}, B={cfg.batch}, chunk {cfg.chunk_tokens}", fontsize=9)
+    depth = f", first {cfg.layers} layers" if cfg.layers else ""
+    ax.set_title(f"{cfg.model}{depth}, T={cfg.seq_len}, B={cfg.batch}, chunk {cfg.chunk_tokens}", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
