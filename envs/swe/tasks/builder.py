@@ -9,6 +9,7 @@ A candidate bug is kept only if, run on the test files that mention the mutated 
 passing test fails with the bug and passes without it, and it breaks at most ``max_f2p`` tests. ``PASS_TO_PASS`` is
 the other baseline-passing tests of the files holding the failing ones; the eval script runs only those files.
 With ``verify`` each kept task is graded once with its gold patch through ``envs.swe.grading`` (must resolve).
+Every task image is audited (``audit``): one that would let the agent read the fix stops the build.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from envs.swe.tasks import fetch, images, instance
+from envs.swe.tasks import audit, fetch, images, instance
 from envs.swe.tasks.mutations import OPERATORS, Mutation, is_valid, mutations
 from envs.swe.tasks.runner import FAILING, BuilderContainer, failure_excerpts
 
@@ -212,6 +213,9 @@ def build_for_sdist(spec_text: str, cfg: BuildConfig, client: Any, log: Log = _s
             task_image = images.ensure_task_image(repo_image, f.fix_patch)
             rec = _record(spec, task_image, _head_of(client, task_image), f)
             rec["sao_mutation"].update({"sdist": str(spec), "repo_image": repo_image})
+            leaks = audit.problems(audit.audit_image(client, rec), rec)
+            if leaks:  # the recipe is broken for this package: every task would hand the agent its fix
+                raise images.ImageBuildError(f"task image {task_image} lets the agent read the fix: {'; '.join(leaks)}")
             if cfg.verify and not grade_patch(rec, rec["patch"], client=client).resolved:
                 log(f"{spec}: dropping {rec['instance_id']}: its gold patch did not resolve it in a fresh container")
                 return None

@@ -9,97 +9,14 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from typing import Any
 
 import pytest
 
+from envs.swe.tasks.audit import audit_image, module_of, problems
 from sandboxes.docker import tar_one
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(600)]
-
-# Run in /testbed with the gold patch at /tmp/gold.diff; prints one JSON object.
-AUDIT = r"""
-set -u
-cd /testbed
-files=$(git apply --numstat /tmp/gold.diff | cut -f3)
-git apply /tmp/gold.diff || { echo '{"apply_failed": true}'; exit 0; }
-post_ids=""; post_sha=""
-for f in $files; do
-  post_ids="$post_ids $(git hash-object "$f")"
-  post_sha="$post_sha $(sha256sum "$f" | cut -d' ' -f1):$(basename "$f")"
-done
-git checkout -q -- . && git clean -fdq
-in_store=""
-for id in $post_ids; do git cat-file -e "$id" 2>/dev/null && in_store="$in_store $id"; done
-for id in $(sed -n 's/^index [0-9a-f]*\.\.\([0-9a-f]*\).*/\1/p' /tmp/gold.diff); do
-  git cat-file -e "$id" 2>/dev/null && in_store="$in_store $id"
-done
-copies=""
-for pair in $post_sha; do
-  sha=${pair%%:*}; name=${pair#*:}
-  for p in $(find / -xdev -type f -name "$name" 2>/dev/null); do
-    [ "$(sha256sum "$p" | cut -d' ' -f1)" = "$sha" ] && copies="$copies $p"
-  done
-done
-archives=$(find / -xdev -type f \( -iname "$PKG_A-*.whl" -o -iname "$PKG_B-*.whl" -o -iname "$PKG_A-*.tar.gz" \
-  -o -iname "$PKG_B-*.tar.gz" -o -iname "$PKG_A-*.zip" -o -iname "$PKG_B-*.zip" -o -iname "$PKG_A-*.egg" \) \
-  2>/dev/null | tr '\n' ' ')
-vendored=$(for m in $MODS; do find / -xdev -path /testbed -prune -o \( -name "$m" -o -name "$m.py" \) -print; done \
-  2>/dev/null | tr '\n' ' ')
-unreachable=$(git fsck --unreachable --no-reflogs --no-progress 2>&1 | grep -c unreachable)
-python3 - "$in_store" "$copies" "$archives" "$unreachable" "$vendored" <<'EOF'
-import json, os, subprocess, sys
-def git(*a):
-    return subprocess.run(["git", *a], capture_output=True, text=True).stdout.split()
-print(json.dumps({
-    "head": git("rev-parse", "HEAD")[0],
-    "commits_all": len(git("rev-list", "--all")),
-    "refs": git("for-each-ref", "--format=%(refname)"),
-    "reflog_entries": len(git("reflog", "show", "--format=%H")),
-    "stash": len(git("stash", "list")),
-    "logs_dir": os.path.exists(".git/logs"),
-    "post_image_ids_in_store": sys.argv[1].split(),
-    "copies_of_fixed_files": sys.argv[2].split(),
-    "package_archives": sys.argv[3].split(),
-    "unreachable_objects": int(sys.argv[4] or 0),
-    "other_copies_of_its_modules": sys.argv[5].split(),
-    "pyc_in_testbed": len([1 for r, _, fs in os.walk("/testbed") for f in fs if f.endswith(".pyc")]),
-    "wheels_dir": os.path.exists("/wheels"),
-    "pip_cache": os.path.exists("/root/.cache/pip"),
-}))
-EOF
-"""
-
-
-def _module_of(task: dict[str, Any]) -> str:
-    """The top-level import name holding the mutated file (``toolz/itertoolz.py`` -> ``toolz``)."""
-    parts = task["sao_mutation"]["path"].split("/")
-    parts = parts[1:] if parts[0] == "src" else parts
-    return parts[0].removesuffix(".py")
-
-
-def audit_image(client: Any, task: dict[str, Any]) -> dict[str, Any]:
-    """Run ``AUDIT`` in a fresh container of ``task["image"]`` and return its findings."""
-    package = task["repo"].split("/", 1)[1]
-    container = client.containers.run(
-        task["image"],
-        ["sleep", "infinity"],
-        detach=True,
-        network_mode="none",
-        labels={"sao.owner_pid": str(os.getpid()), "sao.role": "test-audit"},
-    )
-    try:
-        patch = task["patch"] if task["patch"].endswith("\n") else task["patch"] + "\n"
-        assert container.put_archive("/tmp", tar_one("gold.diff", patch.encode()))
-        env = {"PKG_A": package, "PKG_B": re.sub(r"[-_.]+", "_", package), "MODS": _module_of(task)}
-        res = container.exec_run(["bash", "-c", AUDIT], environment=env, workdir="/testbed")
-        out = res.output.decode(errors="replace")
-        last = out.strip().splitlines()[-1] if out.strip() else ""
-        assert last.startswith("{"), f"the audit script failed in {task['image']} (exit {res.exit_code}):\n{out}"
-        return dict(json.loads(last))
-    finally:
-        container.remove(force=True)
 
 
 def test_every_task_image_holds_no_reachable_fix(offline_tasks: list[dict[str, Any]], docker_client: Any) -> None:
@@ -117,6 +34,7 @@ def test_every_task_image_holds_no_reachable_fix(offline_tasks: list[dict[str, A
         assert found["package_archives"] == [], where
         assert found["other_copies_of_its_modules"] == [], where  # e.g. pip/_vendor/six.py for six
         assert found["pyc_in_testbed"] == 0 and not found["wheels_dir"] and not found["pip_cache"], where
+        assert problems(found, task) == [], where
 
 
 def test_the_audit_catches_a_leaky_image(offline_tasks: list[dict[str, Any]], docker_client: Any) -> None:
@@ -130,7 +48,7 @@ def test_the_audit_catches_a_leaky_image(offline_tasks: list[dict[str, Any]], do
         " && for f in $(git diff --name-only HEAD~1); do cp $f /root/.cache/pip/; done"
         " && git apply -R /tmp/gold.diff && git -c user.name=x -c user.email=x@x commit -qam bug"
         f" && touch /wheels/{package}-0.1-py3-none-any.whl"
-        f" && mkdir -p /opt/x/_vendor && touch /opt/x/_vendor/{_module_of(task)}.py"
+        f" && mkdir -p /opt/x/_vendor && touch /opt/x/_vendor/{module_of(task)}.py"
     )
     container = docker_client.containers.run(
         task["image"], ["sleep", "infinity"], detach=True, network_mode="none", labels={"sao.role": "test-audit"}
@@ -148,7 +66,8 @@ def test_the_audit_catches_a_leaky_image(offline_tasks: list[dict[str, Any]], do
         assert found["post_image_ids_in_store"], found
         assert any(p.startswith("/root/.cache/pip/") for p in found["copies_of_fixed_files"]), found
         assert found["package_archives"] == [f"/wheels/{package}-0.1-py3-none-any.whl"], found
-        assert f"/opt/x/_vendor/{_module_of(task)}.py" in found["other_copies_of_its_modules"], found
+        assert f"/opt/x/_vendor/{module_of(task)}.py" in found["other_copies_of_its_modules"], found
+        assert len(problems(found, task)) >= 8, problems(found, task)
     finally:
         docker_client.images.remove(leaky.id, force=True)
 
