@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -261,11 +260,10 @@ async def build_model(
 # ---- files ----------------------------------------------------------------------------------------------------
 def append_jsonl(path: Path, record: dict[str, Any]) -> None:
     """Append one JSON line, flushed and fsynced (an interrupted run keeps everything already written)."""
+    from saocore import jsonl
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(json.dumps(record, default=str) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
+    jsonl.append_jsonl(path, [record])
 
 
 def read_jsonl_records(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import shlex
 from pathlib import Path
 from typing import Any
@@ -148,8 +147,7 @@ def load_instances(path: str | Path) -> list[dict[str, Any]]:
 
 def append_instance(path: Path, record: dict[str, Any]) -> None:
     """Append one record durably (flushed and fsynced) so an interrupted build keeps what it made."""
+    from saocore.jsonl import append_jsonl
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as f:
-        f.write(json.dumps(record) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
+    append_jsonl(path, [record])
