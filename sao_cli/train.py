@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from saocore.console import third_party_to_log
+from saocore.console import say, third_party_to_log
 
 
 def _fail(e: Exception) -> None:
@@ -45,6 +45,8 @@ def train_cmd(
         log = _third_party_log(config, items, resume)
         fresh = log is not None and not log.parent.parent.exists()
         with contextlib.nullcontext() if verbose or log is None else third_party_to_log(log):
+            if log is not None and not verbose and int(os.environ.get("RANK", "0") or 0) == 0:
+                say(f"sao train: setting up (models, DeepSpeed, rollout engine); library output goes to {log}")
             from trainer.run import train
 
             run_dir = train(config, items, resume)
