@@ -33,6 +33,7 @@ from benchmarks.rl_bench_common import (
     mean_std,
     print_table,
     register_bench_algorithms,
+    tiny_model_threads,
     train_run,
     warm_start,
     write_json,
@@ -291,6 +292,7 @@ def run(lc: LearningConfig, echo: Callable[[str], None] = print) -> dict[str, An
         raise ValueError(f"unknown variant(s) {bad_v}; {lc.config} defines {list(spec.get('variants', {}))}")
     if not lc.seeds:
         raise ValueError("--seeds needs at least one seed, e.g. 0,1,2")
+    tiny_model_threads(1)
     register_bench_algorithms()
     lc.out.mkdir(parents=True, exist_ok=True)
     doc: dict[str, Any] = {"benchmark": "learning", "seeds": list(lc.seeds), "smooth": lc.smooth, "tasks": {}}

@@ -31,6 +31,7 @@ from benchmarks.rl_bench_common import (
     load_yaml,
     print_table,
     register_bench_algorithms,
+    tiny_model_threads,
     train_run,
     warm_start,
     write_json,
@@ -192,6 +193,7 @@ def run(sc: StabilityConfig, echo: Callable[[str], None] = print) -> dict[str, A
     if not (0 < sc.plateau <= 1 and sc.max_drop > 0 and sc.window >= 1):
         raise ValueError("--plateau must be in (0, 1], --max-drop > 0 and --window >= 1")
     steps = int(sc.steps or spec["base"].get("run", {}).get("total_steps", 1000))
+    tiny_model_threads(1)
     register_bench_algorithms()
     sc.out.mkdir(parents=True, exist_ok=True)
     if not sc.report_only:

@@ -316,3 +316,12 @@ def register_bench_algorithms() -> None:
                 summary="bench ablation: GRPO groups + PPO clip, asynchronous with trainer.max_staleness, no DIS",
             )
         )
+
+
+def tiny_model_threads(n: int = 1) -> None:
+    """Run torch's CPU ops on ``n`` threads. The bench models are tiny (a few thousand FLOPs per token): extra
+    intra-op threads buy nothing and, on a loaded machine, their spin-waits cost more than the work (an SFT step
+    of the tiny model took 4-20 s with the default threads on the shared 2-core box)."""
+    import torch
+
+    torch.set_num_threads(max(1, int(n)))
