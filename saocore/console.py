@@ -49,6 +49,13 @@ def say(message: str) -> None:
     out.flush()
 
 
+def eta_text(elapsed_s: float, done: int, total: int) -> str:
+    """``"~m:ss left"`` at the rate so far (``"? left"`` before the first unit), for log lines of long loops."""
+    if done <= 0:
+        return "? left"
+    return f"~{_fmt_s(elapsed_s / done * max(total - done, 0))} left"
+
+
 def _fmt_s(seconds: float) -> str:
     s = int(max(seconds, 0.0))
     h, rem = divmod(s, 3600)

@@ -74,3 +74,13 @@ def test_third_party_output_goes_to_the_log(tmp_path: Path) -> None:
     text = log.read_text()
     for theirs in ("third-party style warning", "somelib warning", "C-level stderr", "child stdout", "Loading weights"):
         assert theirs in text and theirs not in console
+
+
+def test_eta_text_for_log_lines() -> None:
+    from saocore.console import eta_text
+
+    assert (
+        eta_text(60.0, 2, 10) == "~4:00 left"
+        and eta_text(3.0, 0, 5) == "? left"
+        and eta_text(9.0, 3, 3) == "~0:00 left"
+    )

@@ -30,6 +30,7 @@ from typing import Any
 from envs.swe.tasks import audit, fetch, images, instance
 from envs.swe.tasks.mutations import OPERATORS, Mutation, is_valid, mutations
 from envs.swe.tasks.runner import FAILING, BuilderContainer, failure_excerpts
+from saocore.console import eta_text
 
 
 @dataclass
@@ -208,6 +209,7 @@ def build_for_sdist(spec_text: str, cfg: BuildConfig, client: Any, log: Log = _s
         taken: set[tuple[str, str]] = set()
         queue = list(cands)
         tried, pending = [0], [0]
+        t_search = time.monotonic()
 
         def finish(f: _Found) -> dict[str, Any] | None:
             task_image = images.ensure_task_image(repo_image, f.fix_patch)
@@ -250,7 +252,8 @@ def build_for_sdist(spec_text: str, cfg: BuildConfig, client: Any, log: Log = _s
                                 instance.append_instance(cfg.out, rec)
                             log(
                                 f"{spec}: task {len(records)}/{cfg.bugs} after {tried[0]} tries: "
-                                f"{res.mutation.operator} in {res.mutation.function}, {len(res.f2p)} failing test(s)"
+                                f"{res.mutation.operator} in {res.mutation.function}, {len(res.f2p)} failing test(s); "
+                                + eta_text(time.monotonic() - t_search, len(records), cfg.bugs)
                             )
 
         with ThreadPoolExecutor(len(boxes)) as pool:
