@@ -563,6 +563,7 @@ def train(config_path: str | None, overrides: list[str] | None = None, resume: s
     if config_path is None:
         config_path = str(Path(resume or "") / "config.yaml")
     cfg = load_config(config_path, overrides)
+    preflight(cfg.env.id, cfg.env.kwargs)  # a bad env id or kwargs fail here, before any stage, model or episode
     if cfg.stages:  # collect / sft / eval / train in one run (configs/quickstart.yaml)
         from trainer.stages import run_stages
 
@@ -570,7 +571,6 @@ def train(config_path: str | None, overrides: list[str] | None = None, resume: s
     cfg, run_dir, state = prepare_run_dir(cfg, resume)
     if resume is not None and state is None:
         raise ConfigError(f"--resume {resume!r}: no complete checkpoint in {run_dir}/checkpoints; start a new run")
-    preflight(cfg.env.id, cfg.env.kwargs)  # a bad env id or kwargs fail here, before models and episodes
     if cfg.cluster.backend == "ray":
         from trainer.cluster.ray_backend import run_on_ray
 
