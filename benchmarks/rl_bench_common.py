@@ -145,12 +145,12 @@ def print_table(headers: list[str], rows: list[list[str]], echo: Callable[[str],
 
 
 def _token_game_oracle(env: Any, rng: Any, spec: dict[str, Any]) -> Callable[[int], str] | None:
-    """The TokenGame demonstrator: the right symbol with probability ``accuracy``, else another one. Tasks whose
-    rule is not in ``rules`` (default: all) are not demonstrated (None), so e.g. only copy prompts get taught."""
+    """The TokenGame demonstrator: the right symbol with probability ``accuracy`` (or ``accuracy_by_rule[rule]``),
+    else another one. Tasks whose rule is not in ``rules`` (default: all) are not demonstrated (None)."""
     rules = spec.get("rules")
     if rules and env._task_rule not in rules:
         return None
-    acc = float(spec.get("accuracy", 1.0))
+    acc = float(spec.get("accuracy_by_rule", {}).get(env._task_rule, spec.get("accuracy", 1.0)))
 
     def answer(turn: int) -> str:
         right = env.target(env._seq[turn])

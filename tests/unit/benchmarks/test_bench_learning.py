@@ -145,3 +145,29 @@ def test_bad_selection_is_refused_before_any_run(tmp_path: Path, kw: dict[str, o
 def test_missing_config_file_names_the_fix(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="configs/bench"):
         run(LearningConfig(out=tmp_path, config=tmp_path / "missing.yaml"))
+
+
+def test_demonstrations_follow_the_oracle_settings(tmp_path: Path) -> None:
+    """Chat demonstrations for the warm start: right on copy prompts, never right on next prompts here."""
+    import json
+
+    from benchmarks.rl_bench_common import write_demonstrations
+
+    kw = {"turns": 2, "symbols": "ABC", "rule": "mixed", "reward": "partial"}
+    spec = {"accuracy_by_rule": {"copy": 1.0, "next": 0.0}}
+    n = write_demonstrations(tmp_path / "d.jsonl", "sao/TokenGame-v0", kw, 40, spec, seed=3)
+    recs = [json.loads(x) for x in (tmp_path / "d.jsonl").read_text().splitlines()]
+    assert n == len(recs) == 40
+    rules = set()
+    for rec in recs:
+        msgs = rec["messages"]
+        assert [m["role"] for m in msgs] == ["system", "user", "assistant", "user", "assistant"]
+        rule = "next" if "Rule next" in msgs[1]["content"] else "copy"
+        rules.add(rule)
+        shown = [msgs[1]["content"][-1], msgs[3]["content"][-1]]
+        right = shown if rule == "copy" else ["ABC"[("ABC".index(s) + 1) % 3] for s in shown]
+        answers = [msgs[2]["content"], msgs[4]["content"]]
+        assert (answers == right) if rule == "copy" else all(a != r for a, r in zip(answers, right, strict=True))
+    assert rules == {"copy", "next"}
+    only_copy = write_demonstrations(tmp_path / "c.jsonl", "sao/TokenGame-v0", kw, 40, {"rules": ["copy"]}, seed=3)
+    assert 0 < only_copy < 40
