@@ -111,11 +111,11 @@ def shard_batch(full: Batch, micro_batch_size: int) -> list[Batch]:
 
 
 def token_scale(masks: list[torch.Tensor], grad_accum: int) -> tuple[float, float]:
-    """``(n_total, scale)``: the masked tokens over all ranks, and the factor that turns a micro batch's token-mean
-    loss times its token count into its share of one global token-mean (DeepSpeed averages over accumulation
-    steps and ranks, which the factor undoes)."""
-    n_total = max(dist_utils.all_reduce_sum([float(sum(float(m.sum()) for m in masks))])[0], 1.0)
-    return n_total, grad_accum * dist_utils.world_size() / n_total
+    """``(n_total, scale)``: the masked tokens over all ranks (0 when there is nothing to train), and the factor
+    that turns a micro batch's token-mean loss times its token count into its share of one global token-mean
+    (DeepSpeed averages over accumulation steps and ranks, which the factor undoes)."""
+    n_total = dist_utils.all_reduce_sum([float(sum(float(m.sum()) for m in masks))])[0]
+    return n_total, grad_accum * dist_utils.world_size() / max(n_total, 1.0)
 
 
 def full_grad_norm(engine: Any) -> float:

@@ -241,6 +241,8 @@ class Learner:
             rollout.append(torch.where(ok, b.rollout_logprobs, 0.0))
         n_total, scale = token_scale(masks, self.grad_accum)
         m: dict[str, float] = {"masked_nonfinite_tokens": dist_utils.all_reduce_sum([bad])[0], "nonfinite_logp": 0.0}
+        if n_total == 0:  # nothing left to train: no optimizer step (Adam's moments alone would still move weights)
+            return {**m, "skipped_steps": float(t.ppo_epochs), "trained_tokens": 0.0}
         sums: dict[str, float] = {}
         skipped = 0
         for _ in range(t.ppo_epochs):
@@ -310,6 +312,8 @@ class Learner:
         """K = ``critic_updates_per_step`` critic optimizer steps on the returns."""
         assert self.critic is not None
         n_total, scale = token_scale(adv.value_masks, self.grad_accum)
+        if n_total == 0:
+            return {"critic_skipped_steps": float(self.cfg.trainer.critic_updates_per_step)}
         losses: list[float] = []
         norm = 0.0
         skipped = 0

@@ -109,7 +109,7 @@ def pretrain_value(
             n_total, scale = token_scale(masks, grad_accum)
             values: list[torch.Tensor] = []
             total, _, _ = critic_step(critic, micro, masks, rets, None, None, scale, seen=values)
-            loss = dist_utils.all_reduce_sum([total])[0] / n_total
+            loss = dist_utils.all_reduce_sum([total])[0] / max(n_total, 1.0)
             ev = ev_from_parts(dist_utils.all_reduce_sum(ev_parts(values, rets, masks)))
         if dist_utils.rank() == 0:
             print(f"value pretraining epoch {epoch + 1}/{epochs}: loss {loss:.4f} explained variance {ev:.3f}")

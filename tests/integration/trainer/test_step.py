@@ -215,3 +215,13 @@ def test_nonfinite_critic_values_skip_the_whole_step(deepspeed_env: dict[str, st
     assert m["nonfinite_values"] > 0 and m["skipped_steps"] == 1
     assert counts == {"actor": 0, "critic": 0}
     assert not _changed(a0, learner.actor.module) and not _changed(c0, learner.critic.module)
+
+
+def test_a_batch_with_nothing_trainable_takes_no_optimizer_step(deepspeed_env: dict[str, str]) -> None:
+    learner, trajs = _learner("sao", kind="llama")
+    counts = _count_optimizer_steps(learner)
+    a0 = _snapshot(learner.actor.module)
+    m = learner.train_step([_poison(tr, reward=float("inf")) for tr in trajs])
+    assert m["nonfinite_rewards"] == 4 and m["trained_tokens"] == 0
+    assert m["skipped_steps"] == 1 and m["critic_skipped_steps"] == learner.cfg.trainer.critic_updates_per_step
+    assert counts == {"actor": 0, "critic": 0} and not _changed(a0, learner.actor.module)
