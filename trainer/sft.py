@@ -105,10 +105,15 @@ class SFTRun:
         scale = self.grad_accum * world / n_total  # DeepSpeed averages over accumulation steps and ranks
         nll_sum = correct = 0.0
         dev = dist_utils.device()
+        norm: float | None = None
         for mb in micro:
             b = {k: v.to(dev) for k, v in _micro_tensors(mb, self.pad_id).items()}
             nll, corr, _ = action_nll(self.engine, b)
             self.engine.backward(nll * scale)
+            if mb is micro[-1] and self.cfg.deepspeed.zero_stage == 0:
+                # DeepSpeed reports no norm with a plain torch optimizer.
+                norm = float(sum(float(p.grad.float().pow(2).sum()) for p in self.engine.module.parameters()
+                                 if p.grad is not None) ** 0.5)  # fmt: skip
             self.engine.step()  # the optimizer steps at the accumulation boundary
             nll_sum += float(nll.detach())
             correct += float(corr)
@@ -118,7 +123,7 @@ class SFTRun:
             "sft_loss": nll_all / n_total,
             "sft_token_accuracy": correct_all / n_total,
             "sft_action_tokens": n_total,
-            "actor_grad_norm": float(gn) if gn is not None else float("nan"),
+            "actor_grad_norm": float(gn) if gn is not None else float(norm if norm is not None else "nan"),
             "lr": float(self.engine.get_lr()[0]) if hasattr(self.engine, "get_lr") else float("nan"),
         }
 
