@@ -192,28 +192,18 @@ class SFTRun:
 
 
 class _Progress:
-    """A live line: step, loss, token accuracy, seconds per step."""
+    """The SFT progress line: step, ETA, loss, token accuracy (``saocore.console.ProgressLine``: 80 columns)."""
 
     def __init__(self, total: int, done: int, enabled: bool) -> None:
-        self._p: Any = None
-        if enabled:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        from saocore.console import ProgressLine
 
-            self._p = Progress(
-                TextColumn("[bold]sao sft"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                TextColumn("{task.description}"),
-            )  # fmt: skip
-            self._p.start()
-            self._task = self._p.add_task("first step", total=total, completed=done)
+        self._line = ProgressLine("sft", total, done=done, status="first step", enabled=enabled)
 
     def update(self, step: int, m: dict[str, float]) -> None:
-        if self._p is not None:
-            desc = f"loss {m['sft_loss']:.3f}  token acc {m['sft_token_accuracy']:.2f}  {m['step_s']:.1f}s/step"
-            self._p.update(self._task, completed=step, description=desc)
+        self._line.update(step, f"loss {m['sft_loss']:.3f} token acc {m['sft_token_accuracy']:.2f}")
 
     def close(self) -> None:
-        if self._p is not None:
-            self._p.stop()
+        self._line.close()
 
 
 def _latest_state(run_dir: Path) -> dict[str, Any] | None:
