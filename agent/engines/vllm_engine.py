@@ -1,9 +1,12 @@
 """VLLMEngine: token ids in, sampled token ids + logprobs out, over one or more vLLM OpenAI-compatible servers.
 
 Requests go to ``/v1/completions`` with the prompt as a list of token ids and ``return_token_ids``; each goes
-to the server with the fewest requests in flight. Connection failures are retried on other servers with
-exponential backoff; when every try failed the call raises ``EngineError`` naming the servers (the agent then
-marks the episode ``infra_error``).
+to the server with the fewest requests in flight. The logprob of each sampled token is the one of the distribution
+it was drawn from (after temperature, top-k, top-p) when the server runs with ``--logprobs-mode
+processed_logprobs``, as ``LocalVLLMServer`` starts it; a server started without it reports the temperature-1
+logprobs, which a trainer at another temperature would read as policy lag. Connection failures are retried on
+other servers with exponential backoff; when every try failed the call raises ``EngineError`` naming the servers
+(the agent then marks the episode ``infra_error``).
 
 Weights, two ways, both through the ``SAOWorkerExtension`` (``/collective_rpc``) and followed by a prefix-cache
 reset: ``update_weights(checkpoint_dir, version)`` reloads a safetensors checkpoint (servers must see
@@ -141,6 +144,8 @@ class VLLMEngine:
             "return_token_ids": True,
             "skip_special_tokens": False,
         }
+        if sampling.top_k > 0:
+            body["top_k"] = sampling.top_k
         if sampling.stop:
             body["stop"] = list(sampling.stop)
             body["include_stop_str_in_output"] = True  # keep text and token ids in agreement

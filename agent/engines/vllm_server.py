@@ -68,6 +68,8 @@ class LocalVLLMServer:
         cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir]
         cmd += ["--dtype", dtype, "--max-model-len", str(max_model_len), "--seed", "0"]
         cmd += ["--host", host, "--port", str(port)]
+        # Logprobs of the distribution sampled from (after temperature, top-k, top-p), what the trainer recomputes.
+        cmd += ["--logprobs-mode", "processed_logprobs"]
         if not gpu:
             cmd.append("--enforce-eager")  # compiling graphs on CPU more than doubles startup (FACTS.md)
         if worker_extension:

@@ -41,12 +41,12 @@ def prompt(tok: Any, text: str) -> list[int]:
     return list(tok.encode(s, add_special_tokens=False))
 
 
-def forward_logprobs(model: Any, prompt_ids: list[int], gen: Generation) -> Any:
+def forward_logprobs(model: Any, prompt_ids: list[int], gen: Generation, temperature: float = 1.0) -> Any:
     import torch
 
     with torch.no_grad():
         logits = model(torch.tensor([prompt_ids + list(gen.token_ids)])).logits[0].float()
-    lp = logits.log_softmax(-1)[len(prompt_ids) - 1 : -1]
+    lp = (logits / temperature).log_softmax(-1)[len(prompt_ids) - 1 : -1]
     return lp[torch.arange(len(gen.token_ids)), torch.tensor(gen.token_ids)]
 
 
@@ -66,6 +66,25 @@ async def test_vllm_logprobs_match_an_hf_forward(vllm_server: Any, hf: tuple[Any
     diff = mean_abs_diff(forward_logprobs(model, ids, gen), gen.logprobs)
     print(f"vLLM vs HF forward, sampled tokens: mean |dlogp| = {diff:.2e} over {len(gen.token_ids)} tokens")
     assert diff < 1e-2
+
+
+async def test_vllm_logprobs_at_temperature_07_are_those_of_the_sampled_distribution(
+    vllm_server: Any, hf: tuple[Any, Any]
+) -> None:
+    # The server runs with --logprobs-mode processed_logprobs: the gap to the trainer's recompute (logits / T) at
+    # T = 0.7 is as small as at T = 1; the temperature-1 logprobs would be far off.
+    model, tok = hf
+    engine = VLLMEngine([vllm_server.url])
+    ids = prompt(tok, "Name three colors.")
+    gaps = {}
+    for t in (1.0, 0.7):
+        gen = await engine.generate(ids, SamplingParams(max_tokens=24, temperature=t, stop_token_ids=(2,)))
+        gaps[t] = mean_abs_diff(forward_logprobs(model, ids, gen, t), gen.logprobs)
+        if t == 0.7:
+            raw = mean_abs_diff(forward_logprobs(model, ids, gen, 1.0), gen.logprobs)
+    await engine.close()
+    print(f"vLLM vs trainer recompute: mean |dlogp| at T=1 {gaps[1.0]:.2e}, at T=0.7 {gaps[0.7]:.2e}; raw {raw:.2e}")
+    assert gaps[0.7] < max(3 * gaps[1.0], 1e-3) and raw > 10 * gaps[0.7]
 
 
 async def test_hf_engine_and_vllm_engine_agree_greedily(vllm_server: Any, hf: tuple[Any, Any]) -> None:
