@@ -151,6 +151,7 @@ def episode_scores(trajs: list[Trajectory], tokenizer: Any) -> dict[str, Any]:
         "success": sum(bool(t.info.get("solved")) for t in ok) / n,
         "valid_tool_call_rate": valid / n,
         "mean_turns": sum(int(t.info.get("turns", 0)) for t in ok) / n,
+        "solved_by_task": {t.task_id: int(bool(t.info.get("solved"))) for t in ok},
     }
 
 
@@ -318,10 +319,28 @@ def score_table(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def paired_difference(before: dict[str, int], after: dict[str, int]) -> tuple[float, float, int]:
+    """Mean of ``after - before`` over the tasks both evals solved or failed, its standard error, and the count:
+    the two evals run the same held-out tasks, so the paired difference is the sharper test."""
+    common = sorted(set(before) & set(after))
+    if not common:
+        return float("nan"), float("nan"), 0
+    d = [after[k] - before[k] for k in common]
+    mean = sum(d) / len(d)
+    var = sum((x - mean) ** 2 for x in d) / max(len(d) - 1, 1)
+    return mean, (var / len(d)) ** 0.5, len(d)
+
+
 def _report(
     run_dir: Path, cfg: Config, results: list[dict[str, Any]], every: list[dict[str, Any]], wall_s: float
 ) -> None:
     table = score_table(results) if results else "(no eval stage)"
+    if len(results) >= 2 and "solved_by_task" in results[0] and "solved_by_task" in results[-1]:
+        mean, se, n = paired_difference(results[0]["solved_by_task"], results[-1]["solved_by_task"])
+        table += (
+            f"\n\nsuccess {results[-1]['label']} - {results[0]['label']}: {mean:+.3f} ± {se:.3f} "
+            f"(paired over {n} held-out tasks; {mean / se if se > 0 else float('nan'):.1f} standard errors)"
+        )
     text = f"# {run_dir.name}: stages {cfg.stages}\n\n{table}\n\nwall time {wall_s / 60:.1f} min\n"
     (run_dir / "summary.md").write_text(text)
     _write_json(run_dir / "summary.json", {"evals": results, "stages": every, "wall_s": wall_s})

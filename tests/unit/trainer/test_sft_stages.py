@@ -1,0 +1,53 @@
+"""The staged run's scoring: success, valid tool-call rate, mean turns, and the paired before/after difference."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent.records import Segment, Trajectory
+
+TOOLS = [{"type": "function", "function": {"name": "python", "description": "", "parameters": {}}}]
+
+
+def _traj(tok: Any, tid: str, actions: list[str], solved: bool, status: str = "ok") -> Trajectory:
+    segs = [Segment("prompt", tok.encode("<|im_start|>user\nCompute 2 * 3.<|im_end|>\n", add_special_tokens=False))]
+    for a in actions:
+        ids = tok.encode(a + "<|im_end|>", add_special_tokens=False)
+        segs.append(Segment("action", ids, tuple([0.0] * len(ids)), 0))
+    info = {"solved": solved, "turns": len(actions), "tools": TOOLS}
+    return Trajectory(tid, "sao/PythonTool-v0", tuple(segs), float(solved), status, info)  # type: ignore[arg-type]
+
+
+def test_episode_scores_count_valid_tool_calls_success_and_turns(smollm2_dir: Path) -> None:
+    from transformers import AutoTokenizer
+
+    from trainer.stages import episode_scores
+
+    tok = AutoTokenizer.from_pretrained(str(smollm2_dir))
+    call = '<tool_call>{"name": "python", "arguments": {"code": "print(2 * 3)"}}</tool_call>'
+    trajs = [
+        _traj(tok, "a", [call, "\\boxed{6}"], True),
+        _traj(tok, "b", ['<tool_call>{"name": "calculator", "arguments": {}}</tool_call>', "6"], False),  # no such tool
+        _traj(tok, "c", ["\\boxed{6}"], True),  # right without the tool
+        _traj(tok, "d", ["<tool_call>{not json</tool_call>", "```python\nprint(2 * 3)\n```", "x"], False),
+        Trajectory("e", "sao/PythonTool-v0", (), 0.0, "infra_error", {"infra_error": "sandbox died"}),
+    ]
+    s = episode_scores(trajs, tok)
+    assert s["episodes"] == 4 and s["infra_errors"] == 1
+    assert s["success"] == 0.5
+    assert s["valid_tool_call_rate"] == 0.5  # a (tool_call) and d (fenced block, the env's other call form)
+    assert s["mean_turns"] == pytest.approx((2 + 2 + 1 + 3) / 4)
+    assert s["solved_by_task"] == {"a": 1, "b": 0, "c": 1, "d": 0}
+
+
+def test_paired_difference_uses_the_tasks_both_evals_ran() -> None:
+    from trainer.stages import paired_difference
+
+    before = {"a": 0, "b": 0, "c": 1, "d": 1, "only_before": 1}
+    after = {"a": 1, "b": 0, "c": 1, "d": 1, "only_after": 0}
+    mean, se, n = paired_difference(before, after)
+    assert n == 4 and mean == pytest.approx(0.25)
+    assert se == pytest.approx(0.25)  # d = [1, 0, 0, 0]: sample std 0.5, over sqrt(4)
