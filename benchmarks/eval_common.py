@@ -21,9 +21,10 @@ A model SPEC names what plays the episodes (episodes themselves run in ``agent.r
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -255,6 +256,17 @@ async def build_model(
     if m.max_context_tokens < 2:
         raise EvalError(f"--max-context {m.max_context_tokens} is too small")
     return m
+
+
+@contextlib.asynccontextmanager
+async def opened_model(spec: ModelSpec, task_ids: list[str], **build: Any) -> AsyncIterator[EvalModel]:
+    """``build_model(spec, **build)``, checked against the task ids it will see, closed at the end."""
+    model = await build_model(spec, **build)
+    try:
+        model.check_tasks(task_ids)
+        yield model
+    finally:
+        await model.close()
 
 
 # ---- files ----------------------------------------------------------------------------------------------------

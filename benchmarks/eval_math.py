@@ -22,7 +22,7 @@ from agent.records import Trajectory
 from benchmarks.eval_common import (
     EvalError,
     append_jsonl,
-    build_model,
+    opened_model,
     parse_model_spec,
     pass_at_k,
     write_json,
@@ -122,14 +122,11 @@ async def run_math(cfg: MathEvalConfig) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     for name in ("samples.jsonl", "trajectories.jsonl"):
         (out / name).unlink(missing_ok=True)  # a fresh run: the samples must match this report
-    model = await build_model(
-        spec, tokenizer=cfg.tokenizer, max_context_tokens=cfg.max_context_tokens,
-        max_action_tokens=cfg.max_action_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
-    )  # fmt: skip
     rows: list[dict[str, Any]] = []
     t0 = time.perf_counter()
-    try:
-        model.check_tasks([t["id"] for t in tasks])
+    build = dict(tokenizer=cfg.tokenizer, max_context_tokens=cfg.max_context_tokens,
+                 max_action_tokens=cfg.max_action_tokens, temperature=cfg.temperature, top_p=cfg.top_p)  # fmt: skip
+    async with opened_model(spec, [t["id"] for t in tasks], **build) as model:
         from agent.rollout import Episode, EpisodeRunner, RunnerConfig
 
         # Sample k of a problem is reset with seed k; every sample's task id is the problem's.
@@ -147,8 +144,6 @@ async def run_math(cfg: MathEvalConfig) -> dict[str, Any]:
             rows.append(row)
 
         await runner.run(episodes, on_trajectory=finished_one)
-    finally:
-        await model.close()
     report = summarize(tasks, rows, cfg.samples, model=spec.name, dataset=cfg.dataset, tools=cfg.tools)
     report["wall_s"] = round(time.perf_counter() - t0, 1)
     report["config"] = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(cfg).items()}

@@ -25,7 +25,7 @@ from benchmarks.eval_common import (
     EvalError,
     EvalModel,
     append_jsonl,
-    build_model,
+    opened_model,
     parse_model_spec,
     read_jsonl_records,
     write_json,
@@ -165,15 +165,10 @@ async def run_swebench(cfg: SWEEvalConfig) -> dict[str, Any]:
     todo = [r for r in records if r["instance_id"] not in done]
     t0 = time.perf_counter()
     if todo:
-        model = await build_model(
-            spec, tokenizer=cfg.tokenizer, max_context_tokens=cfg.max_context_tokens,
-            max_action_tokens=cfg.max_action_tokens, temperature=cfg.temperature,
-        )  # fmt: skip
-        try:
-            model.check_tasks([r["instance_id"] for r in todo])
+        build = dict(tokenizer=cfg.tokenizer, max_context_tokens=cfg.max_context_tokens,
+                     max_action_tokens=cfg.max_action_tokens, temperature=cfg.temperature)  # fmt: skip
+        async with opened_model(spec, [r["instance_id"] for r in todo], **build) as model:
             await _run_all(todo, model, cfg, len(records) - len(todo))
-        finally:
-            await model.close()
     preds, results = finished(out)
     ids = [r["instance_id"] for r in records]
     rows = [results[i] for i in ids if i in results]

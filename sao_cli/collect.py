@@ -94,7 +94,7 @@ async def collect(cfg: CollectConfig) -> dict[str, Any]:
     """Run (or resume) the collection into ``cfg.out``; returns the summary (also in ``summary.json``)."""
     from agent.records import Trajectory, write_jsonl
     from agent.rollout import Episode, EpisodeRunner, RunnerConfig, env_factory, task_id_of
-    from benchmarks.eval_common import build_model, parse_model_spec, write_json
+    from benchmarks.eval_common import opened_model, parse_model_spec, write_json
     from envs.registration import preflight
 
     spec = parse_model_spec(cfg.model)
@@ -114,12 +114,9 @@ async def collect(cfg: CollectConfig) -> dict[str, Any]:
         episodes.append(Episode(i, task, cfg.seed + i, task_id_of(task, i) if task is not None else None))
     t0 = time.perf_counter()
     if episodes:
-        model = await build_model(
-            spec, tokenizer=cfg.tokenizer, max_context_tokens=cfg.max_context_tokens,
-            max_action_tokens=cfg.max_action_tokens, temperature=cfg.temperature,
-        )  # fmt: skip
-        try:
-            model.check_tasks(sorted({e.task_id for e in episodes if e.task_id}))
+        build = dict(tokenizer=cfg.tokenizer, max_context_tokens=cfg.max_context_tokens,
+                     max_action_tokens=cfg.max_action_tokens, temperature=cfg.temperature)  # fmt: skip
+        async with opened_model(spec, sorted({e.task_id for e in episodes if e.task_id}), **build) as model:
             player = model.player(max_turns=cfg.max_turns)
             runner = EpisodeRunner(
                 env_factory(cfg.env, cfg.env_kwargs), player, RunnerConfig(cfg.concurrency, cfg.progress)
@@ -130,8 +127,6 @@ async def collect(cfg: CollectConfig) -> dict[str, Any]:
                 await asyncio.to_thread(write_jsonl, out / name, [traj])
 
             await runner.run(episodes, on_trajectory=write)
-        finally:
-            await model.close()
     summary = summarize(out, cfg.n, time.perf_counter() - t0, skipped=len(done & set(range(cfg.n))))
     summary.update(model=spec.name, env=cfg.env, out=str(out))
     write_json(out / "summary.json", summary)
