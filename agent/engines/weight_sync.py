@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import socket
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -117,10 +118,26 @@ def plan_buckets(specs: Sequence[TensorSpec], bucket_bytes: int) -> tuple[tuple[
     return tuple(tuple(b) for b in buckets)
 
 
-def init_group(plan: SyncPlan, rank: int) -> Any:
-    """Join the plan's stateless group as ``rank`` (0 = the trainer, which hosts the rendezvous store)."""
+def listen_socket() -> socket.socket:
+    """A listening socket on a free port of every interface: the trainer's rendezvous (port = ``getsockname()[1]``)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("", 0))
+    sock.listen()
+    return sock
+
+
+def init_group(plan: SyncPlan, rank: int, listen: socket.socket | None = None) -> Any:
+    """Join the plan's stateless group as ``rank``. Rank 0 (the trainer) hosts the rendezvous store on ``listen``
+    (from ``listen_socket()``, bound before the plan names its port: no race for the port); it also keeps a
+    launcher's store out of the way (torchrun's TORCHELASTIC_USE_AGENT_STORE would make rank 0 a mere client)."""
     from vllm.distributed.utils import stateless_init_torch_distributed_process_group
 
+    if rank == 0 and listen is None:
+        listen = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listen.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listen.bind(("", plan.port))
+        listen.listen()
     try:
         return stateless_init_torch_distributed_process_group(
             plan.host,
@@ -128,6 +145,7 @@ def init_group(plan: SyncPlan, rank: int) -> Any:
             rank,
             plan.world_size,
             backend=plan.backend,
+            listen_socket=listen if rank == 0 else None,
             timeout=timedelta(seconds=plan.timeout_s),
         )
     except Exception as e:  # the store raises DistStoreError / RuntimeError on a timeout

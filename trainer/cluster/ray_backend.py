@@ -203,9 +203,9 @@ class TrainerRankImpl:
         return str(ray.util.get_node_ip_address())  # type: ignore[no-untyped-call]
 
     def free_port(self) -> int:
-        from trainer.cluster.weights import _free_port
+        from trainer.cluster.weights import free_port
 
-        return _free_port()
+        return free_port()
 
     def train(
         self,

@@ -23,7 +23,7 @@ from agent.engines.weight_sync import BucketSender, SyncPlan, TensorSpec, Weight
 _LAYER = re.compile(r"^(.*?\.\d+)\.")
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("", 0))
         return int(s.getsockname()[1])
@@ -124,20 +124,21 @@ class BroadcastSync:
         """Send the actor's weights as ``version`` to every server of ``engine`` (a ``VLLMEngine``)."""
         import asyncio
 
-        from agent.engines.weight_sync import destroy_group, init_group
+        from agent.engines.weight_sync import destroy_group, init_group, listen_socket
 
         t0 = time.perf_counter()
+        listen = listen_socket()
         plan = make_plan(
             self.module,
             version,
             host=self.host,
-            port=_free_port(),
+            port=int(listen.getsockname()[1]),
             world_size=engine.sync_world_size,
             bucket_mb=self.bucket_mb,
             timeout_s=self.timeout_s,
         )
         receiving = asyncio.ensure_future(engine.receive_weights(plan))
-        joining = asyncio.ensure_future(asyncio.to_thread(init_group, plan, 0))
+        joining = asyncio.ensure_future(asyncio.to_thread(init_group, plan, 0, listen))
         done, _ = await asyncio.wait({receiving, joining}, return_when=asyncio.FIRST_COMPLETED)
         refused = receiving.exception() if receiving in done else None
         if refused is not None:  # an engine failed before the group formed: fail now, not after the join timeout
