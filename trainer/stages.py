@@ -43,17 +43,6 @@ def _write_json(path: Path, obj: Any) -> None:
     os.replace(tmp, path)
 
 
-def _env_factory(cfg: Config) -> Any:
-    def make() -> Any:
-        import gymnasium
-
-        import envs  # noqa: F401 - registers the sao/ envs
-
-        return gymnasium.make(cfg.env.id, **cfg.env.kwargs).unwrapped
-
-    return make
-
-
 def _agent_cfg(cfg: Config, temperature: float) -> Any:
     from agent.loop import AgentConfig
 
@@ -90,10 +79,11 @@ def held_out_tasks(cfg: Config) -> list[dict[str, Any]]:
 async def _rollouts(
     cfg: Config, engine: Any, tokenizer: Any, tasks: list[Any], out: Path, conc: int, temp: float
 ) -> list[Trajectory]:
-    from agent.rollout import EpisodeRunner, RunnerConfig, TokenPlayer, episodes_of
+    from agent.rollout import EpisodeRunner, RunnerConfig, TokenPlayer, env_factory, episodes_of
 
     player = TokenPlayer(engine, tokenizer, _agent_cfg(cfg, temp))
-    runner = EpisodeRunner(_env_factory(cfg), player, RunnerConfig(conc, cfg.run.progress), out_path=out)
+    make_env = env_factory(cfg.env.id, cfg.env.kwargs)
+    runner = EpisodeRunner(make_env, player, RunnerConfig(conc, cfg.run.progress), out_path=out)
     got: list[Trajectory] = []
     try:
         await runner.run(episodes_of(tasks, seed=cfg.run.seed), on_trajectory=got.append)
