@@ -38,6 +38,15 @@ def _gap(model: Any, ids: list[int], gen: Any) -> float:
     return float((lp - torch.tensor(gen.logprobs)).abs().mean())
 
 
+def _worker_stats(last_reload: list[Any]) -> dict[str, float]:
+    """The first worker's timing dict from a ``/collective_rpc`` answer (``{"results": [{...}]}``)."""
+    try:
+        first = last_reload[0]["results"][0]
+        return {k: float(v) for k, v in first.items() if isinstance(v, int | float)}
+    except (IndexError, KeyError, TypeError):
+        return {}
+
+
 async def _run(cfg: SyncBenchConfig, echo: Callable[[str], None]) -> dict[str, Any]:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -81,9 +90,12 @@ async def _run(cfg: SyncBenchConfig, echo: Callable[[str], None]) -> dict[str, A
                 stats = await syncer.sync(engine, version, lead)
                 sec = time.perf_counter() - t0
                 gap = _gap(model, ids, await engine.generate(ids, greedy))
-                row = {"seconds": sec, "mib": stats["sync_bytes"] / 2**20, "gap": gap}
+                worker = _worker_stats(engine.last_reload)
+                row = {"seconds": sec, "send_s": stats["sync_send_s"], "mib": stats["sync_bytes"] / 2**20, "gap": gap}
+                row |= {k: worker[k] for k in ("receive_s", "load_s") if k in worker}
                 rows.setdefault(f"broadcast bucket {mb:g} MiB", []).append(row)
-                echo(f"round {r + 1}: broadcast (bucket {mb:g} MiB) {sec:.2f} s, mean |dlogp| {gap:.1e}")
+                parts = ", ".join(f"{k} {row[k]:.2f}" for k in ("send_s", "receive_s", "load_s") if k in row)
+                echo(f"round {r + 1}: broadcast (bucket {mb:g} MiB) {sec:.2f} s ({parts}), mean |dlogp| {gap:.1e}")
             version += 1
             ckpt = work / f"v{version}"
             t0 = time.perf_counter()
