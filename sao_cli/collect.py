@@ -11,6 +11,7 @@ retries the infra errors; the summary line counts the whole folder.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from dataclasses import dataclass, field
@@ -18,6 +19,8 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+
+from saocore.console import third_party_to_log
 
 TRAJECTORIES = "trajectories.jsonl"
 INFRA_ERRORS = "infra_errors.jsonl"
@@ -167,6 +170,9 @@ def collect_cmd(
     max_context: Annotated[int, typer.Option("--max-context", help="max tokens of an episode")] = 2048,
     temperature: Annotated[float, typer.Option("--temperature")] = 1.0,
     tokenizer: Annotated[str | None, typer.Option("--tokenizer", help="tokenizer dir (vllm:/solver specs)")] = None,
+    verbose: Annotated[
+        bool, typer.Option("--verbose", help="show third-party output here, not only in OUT/logs/third_party.log")
+    ] = False,
 ) -> None:
     """Roll out a model on an env and write trajectories (for `sao sft --min-reward` and `sao pretrain-value`)."""
     from benchmarks.eval_common import SPEC_HELP, EvalError
@@ -186,7 +192,8 @@ def collect_cmd(
             model, env, n, out, kwargs, tasks, concurrency, seed, max_turns, max_tokens, max_context, temperature,
             tokenizer,
         )  # fmt: skip
-        summary = asyncio.run(collect(cfg))
+        with contextlib.nullcontext() if verbose else third_party_to_log(out / "logs" / "third_party.log"):
+            summary = asyncio.run(collect(cfg))
     except (EvalError, EnvSetupError, ValueError, FileNotFoundError) as e:
         typer.echo(f"error: {e}" + (f"\nmodel specs: {SPEC_HELP}" if isinstance(e, EvalError) else ""), err=True)
         raise typer.Exit(2) from e
