@@ -130,6 +130,12 @@ class TrainerConfig:
     advantage_std_floor: float = 0.2
     """Whitening divides by ``max(std, floor)``: a batch whose advantages barely differ (all solved, an accurate
     critic) is not blown up into unit-size noise (which can undo a learned policy)."""
+    skip_uniform_reward_batches: bool = False
+    """Take no policy step on a batch whose trajectories all earned the same total reward (the critic still takes
+    its K steps). Such a batch has no outcome signal: its advantages are only the critic's errors, which are
+    systematic per state; normalisation scales them up and Adam turns a steady sign into lr-sized steps. Over a
+    long all-success stretch that drift flipped converged policies into deterministic wrong ones, from which the
+    policy gradient (proportional to 1 - p) cannot return (`sao bench stability`, docs/benchmarks.md)."""
     running_mean_momentum: float = 0.9
     """running_mean: EMA momentum of the reward baseline."""
 

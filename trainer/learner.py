@@ -121,7 +121,10 @@ class Learner:
             m.update(skipped_steps=float(self.cfg.trainer.ppo_epochs), trained_tokens=0.0)
             m["critic_skipped_steps"] = float(self.cfg.trainer.critic_updates_per_step)
             return m
-        m.update(self._policy_steps(micro, adv.advantages))
+        if self.cfg.trainer.skip_uniform_reward_batches and _uniform_rewards(full, bad):
+            m.update(skipped_steps=float(self.cfg.trainer.ppo_epochs), skipped_uniform_batches=1.0, trained_tokens=0.0)
+        else:
+            m.update(self._policy_steps(micro, adv.advantages))
         if self.critic is not None:
             m.update(self._critic_steps(micro, adv))
         return m
@@ -357,6 +360,13 @@ class Learner:
             if eng is not None:
                 bad += sum(float((~torch.isfinite(p.detach())).sum()) for p in eng.module.parameters())
         return dist_utils.all_reduce_sum([bad])[0] == 0
+
+
+def _uniform_rewards(full: Batch, bad: list[int]) -> bool:
+    """Every trajectory of the batch (non-finite ones aside) earned the same total reward: no outcome signal."""
+    keep = [i for i in range(full.shape[0]) if i not in set(bad)]
+    totals = full.rewards[keep].double().sum(-1) if keep else full.rewards.new_zeros(0)
+    return bool(totals.numel() == 0 or float(totals.max() - totals.min()) == 0.0)
 
 
 def _finite_reward(tr: Trajectory) -> bool:
