@@ -66,11 +66,13 @@ def test_shipped_config_is_long_lagged_and_valid(tmp_path: Path) -> None:
     register_bench_algorithms()
     spec = load_yaml(SPEC)
     assert spec["base"]["run"]["total_steps"] >= 1000 and spec["base"]["trainer"]["max_staleness"] >= 4
-    assert {"sao", "grpo_async"} <= set(spec["variants"])
+    assert {"sao", "sao_no_skip", "grpo_async"} <= set(spec["variants"])
     for variant in spec["variants"]:
         cfg = config_from_dict(run_config(spec, variant, 2, 7, tmp_path, 48))
         assert cfg.run.seed == 2 and cfg.run.total_steps == 7 and cfg.trainer.max_staleness >= 4
-    assert config_from_dict(run_config(spec, "sao", 0, 7, tmp_path, 48)).trainer.critic_updates_per_step == 2
+    sao = config_from_dict(run_config(spec, "sao", 0, 7, tmp_path, 48)).trainer
+    assert sao.critic_updates_per_step == 2 and sao.skip_uniform_reward_batches
+    assert not config_from_dict(run_config(spec, "sao_no_skip", 0, 7, tmp_path, 48)).trainer.skip_uniform_reward_batches
 
 
 @pytest.mark.parametrize(
