@@ -67,9 +67,9 @@ def test_every_shipped_run_config_is_a_valid_trainer_config(tmp_path: Path) -> N
     from trainer.config import config_from_dict
 
     spec = load_yaml(SPEC)
-    assert set(spec["tasks"]) == {"difficulty", "multiturn", "latency", "online_writing"}
+    assert set(spec["tasks"]) == {"main", "multiturn", "latency", "online_writing"}
     assert {"sao", "sao_k1", "sao_full_critic", "running_mean", "sao_token_gae", "grpo", "grpo_dis", "ppo"} <= set(
-        task_variants(spec, "difficulty")
+        task_variants(spec, "main")
     )
     schedules = set()
     for task in spec["tasks"]:
@@ -82,7 +82,7 @@ def test_every_shipped_run_config_is_a_valid_trainer_config(tmp_path: Path) -> N
                 schedules.add(cfg.env.kwargs["schedule"])
     assert len(schedules) == len(task_variants(spec, "online_writing"))  # no two runs share the judge's counter
 
-    def one(variant: str, task: str = "difficulty") -> object:
+    def one(variant: str, task: str = "main") -> object:
         return config_from_dict(run_config(spec, task, variant, 0, 5, tmp_path, 64))
 
     k1, full, tok, ppo = one("sao_k1"), one("sao_full_critic"), one("sao_token_gae"), one("ppo")
@@ -96,9 +96,9 @@ def test_every_shipped_run_config_is_a_valid_trainer_config(tmp_path: Path) -> N
 
 def test_grouped_batches_are_rounded_to_whole_groups(tmp_path: Path) -> None:
     spec = deep_update(load_yaml(SPEC), {"base": {"trainer": {"batch_size": 10}}})
-    assert run_config(spec, "difficulty", "grpo", 0, 5, tmp_path, 64)["trainer"]["batch_size"] == 8
-    assert run_config(spec, "difficulty", "grpo_dis", 0, 5, tmp_path, 64)["trainer"]["batch_size"] == 8
-    assert run_config(spec, "difficulty", "sao", 0, 5, tmp_path, 64)["trainer"]["batch_size"] == 10
+    assert run_config(spec, "main", "grpo", 0, 5, tmp_path, 64)["trainer"]["batch_size"] == 8
+    assert run_config(spec, "main", "grpo_dis", 0, 5, tmp_path, 64)["trainer"]["batch_size"] == 8
+    assert run_config(spec, "main", "sao", 0, 5, tmp_path, 64)["trainer"]["batch_size"] == 10
 
 
 def test_no_correction_loss_ignores_the_ratio() -> None:
