@@ -89,7 +89,7 @@ async def test_version_moves_only_when_every_server_reloaded() -> None:
     await e.update_weights("/ckpt/v1", 1)
     assert e.version == 1
     rpc = [c for c in fake.calls if c[1] == "/collective_rpc"]
-    assert rpc[-1][2] == {"method": "sao_reload_weights", "args": ["/ckpt/v1"]}
+    assert rpc[-1][2] == {"method": "sao_reload_weights", "args": ["/ckpt/v1"], "kwargs": {"version": 1}}
     assert sum(c[1] == "/reset_prefix_cache" for c in fake.calls) >= 2
     await e.close()
 
