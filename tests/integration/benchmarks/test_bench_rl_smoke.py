@@ -43,7 +43,13 @@ def test_stability_bench_smoke_and_report_only(tmp_path: Path, deepspeed_env: di
 
     ov = {"warm_start": {"steps": 3, "episodes": 16}, "rollout": {"concurrency": 8, "buffer_size": 8}}
     sc = StabilityConfig(
-        out=tmp_path, config=ROOT / "configs/bench/stability.yaml", seeds=(0,), steps=4, window=2, overrides=ov
+        out=tmp_path,
+        config=ROOT / "configs/bench/stability.yaml",
+        variants=("sao", "grpo_async"),
+        seeds=(0,),
+        steps=4,
+        window=2,
+        overrides=ov,
     )
     doc = run(sc, echo=lambda _: None)
     assert set(doc["runs"]) == {"sao_seed0", "grpo_async_seed0"}
