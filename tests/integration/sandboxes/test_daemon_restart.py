@@ -24,16 +24,22 @@ pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(300)]
 
 
 class PrivateDockerd:
-    """A second dockerd (no bridge, no iptables) on ``root/docker.sock``; ``stop()``/``start()`` restart it."""
+    """A second dockerd (its own bridge, no iptables) on ``root/docker.sock``; ``stop()``/``start()`` restart it.
 
-    def __init__(self, root: Path) -> None:
+    It gets a bridge of its own: with ``--bridge=none`` dockerd deletes the interface ``docker0`` at start, which
+    breaks the machine's daemon (bridge-networked containers, e.g. the official swebench harness, then fail).
+    """
+
+    def __init__(self, root: Path, bridge: str) -> None:
         self.root = root
+        self.bridge = bridge
         self.url = f"unix://{root}/docker.sock"
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
         cmd = ["dockerd", "--data-root", f"{self.root}/data", "--exec-root", f"{self.root}/exec"]
-        cmd += ["--pidfile", f"{self.root}/docker.pid", "-H", self.url, "--bridge=none", "--iptables=false"]
+        cmd += ["--pidfile", f"{self.root}/docker.pid", "-H", self.url, f"--bridge={self.bridge}"]
+        cmd += ["--iptables=false"]
         cmd += ["--ip-masq=false", "--storage-driver=overlay2"]
         with open(self.root / "dockerd.log", "ab") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -59,12 +65,23 @@ def dockerd(base_image: str) -> Iterator[PrivateDockerd]:
     tars = sorted((cache_dir() / "images").glob("*.tar"))
     if not tars:
         missing("the base image tarball", "run `bash scripts/setup.sh`")
+    if shutil.which("ip") is None:
+        missing("the ip command (iproute2)", "apt-get install iproute2")
     root = Path(tempfile.mkdtemp(prefix="sao-dockerd-", dir="/tmp"))
-    d = PrivateDockerd(root)
-    d.start()
+    bridge = f"saodt{os.getpid() % 100000}"
+    for cmd in (
+        ["ip", "link", "add", "name", bridge, "type", "bridge"],
+        ["ip", "addr", "add", "10.213.77.1/24", "dev", bridge],
+        ["ip", "link", "set", bridge, "up"],
+    ):
+        subprocess.run(cmd, check=True, capture_output=True)
+    had_docker0 = Path("/sys/class/net/docker0").exists()
+    d = PrivateDockerd(root, bridge)
     try:
+        d.start()
         subprocess.run(["docker", "-H", d.url, "import", str(tars[-1]), "sao-test-base:1"], check=True, timeout=300)
         yield d
+        assert Path("/sys/class/net/docker0").exists() == had_docker0, "the private dockerd touched docker0"
     finally:
         if d.proc is not None and d.proc.poll() is None:  # at the end no container runs: kill, do not drain
             os.killpg(d.proc.pid, signal.SIGKILL)
@@ -73,6 +90,7 @@ def dockerd(base_image: str) -> Iterator[PrivateDockerd]:
             if str(root) in line.split()[1]:
                 subprocess.run(["umount", "-l", line.split()[1]], capture_output=True)
         shutil.rmtree(root, ignore_errors=True)
+        subprocess.run(["ip", "link", "del", bridge], capture_output=True)
 
 
 def call(name: str, **arguments: Any) -> str:
