@@ -107,7 +107,7 @@ class RolloutWorkerImpl:
             max_turns=r.max_turns,
             temperature=r.temperature,
         )
-        player = TokenPlayer(self.engine, load_tokenizer(cfg), agent_cfg)
+        player = TokenPlayer(self.engine, load_tokenizer(cfg), agent_cfg, render_check_every=r.render_check_every)
         self.runner = EpisodeRunner(env_factory(cfg.env.id, cfg.env.kwargs), player, RunnerConfig(r.concurrency))
         self._open = False
 
