@@ -67,7 +67,7 @@ def test_every_shipped_run_config_is_a_valid_trainer_config(tmp_path: Path) -> N
     from trainer.config import config_from_dict
 
     spec = load_yaml(SPEC)
-    assert set(spec["tasks"]) == {"main", "multiturn", "latency", "online_writing"}
+    assert set(spec["tasks"]) == {"main", "difficulty", "multiturn", "latency", "online_writing"}
     assert {"sao", "sao_k1", "sao_full_critic", "running_mean", "sao_token_gae", "grpo", "grpo_dis", "ppo"} <= set(
         task_variants(spec, "main")
     )
