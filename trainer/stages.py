@@ -29,7 +29,7 @@ from typing import Any
 
 from agent.records import Trajectory
 from trainer import distributed as dist_utils
-from trainer.config import Config, ConfigError, load_config, save_config
+from trainer.config import Config, ConfigError, save_config
 
 DONE = "done.json"
 
@@ -196,7 +196,7 @@ def train_stage(cfg: Config, model_dir: str, out: Path) -> dict[str, Any]:
     c.run.dir = str(out)
     t0 = time.perf_counter()
     if (out / "config.yaml").exists() and latest_checkpoint(out) is not None:
-        train(None, [], resume=str(out))
+        train(None, [f"run.total_steps={c.run.total_steps}"], resume=str(out))
     else:
         if dist_utils.rank() == 0:
             shutil.rmtree(out, ignore_errors=True)  # a stage that died before its first checkpoint starts over
@@ -223,10 +223,9 @@ def run_stages(cfg: Config, resume: str | None) -> Path:
             f"run.dir {str(run_dir)!r} already holds a run; continue it with `sao train --resume {run_dir}` "
             "or set run.dir to a new directory"
         )
-    if resume is not None:
-        if not (run_dir / "config.yaml").exists():
-            raise ConfigError(f"--resume {resume!r}: no config.yaml there; pass a RUN_DIR written by `sao train`")
-        cfg = load_config(run_dir / "config.yaml")
+    # On resume ``cfg`` is the run's saved config plus the command line's overrides (e.g. run.total_steps=30).
+    if resume is not None and not (run_dir / "config.yaml").exists():
+        raise ConfigError(f"--resume {resume!r}: no config.yaml there; pass a RUN_DIR written by `sao train`")
     dist_utils.init_distributed()
     rank0 = dist_utils.rank() == 0
     if rank0:
