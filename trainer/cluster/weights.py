@@ -9,7 +9,6 @@ the end.
 
 from __future__ import annotations
 
-import contextlib
 import re
 import socket
 import time
@@ -55,33 +54,34 @@ def make_plan(
     return SyncPlan(version, host, port, world_size, buckets, backend=backend, timeout_s=timeout_s)
 
 
-def layer_groups(module: torch.nn.Module) -> Iterator[list[tuple[str, torch.nn.Parameter]]]:
-    """Consecutive parameters grouped by layer (``model.layers.3.*`` together; others one by one)."""
+def layer_groups(module: torch.nn.Module) -> Iterator[tuple[torch.nn.Module, list[tuple[str, torch.nn.Parameter]]]]:
+    """Consecutive parameters grouped by layer (``model.layers.3.*`` together; others one by one), each with the
+    submodule that holds them (what a ZeRO-3 gather of that group gathers)."""
     group: list[tuple[str, torch.nn.Parameter]] = []
     key: str | None = None
     for name, p in module.named_parameters():
         m = _LAYER.match(name)
-        k = m.group(1) if m else name
+        k = m.group(1) if m else name.rpartition(".")[0]
         if group and k != key:
-            yield group
+            yield module.get_submodule(key or ""), group
             group = []
         group.append((name, p))
         key = k
     if group:
-        yield group
+        yield module.get_submodule(key or ""), group
 
 
 def push(module: torch.nn.Module, pg: Any, plan: SyncPlan, *, zero3: bool, device: Any = "cpu") -> dict[str, float]:
-    """Collective over the trainer ranks; rank 0 passes its weight-sync group ``pg`` (others pass None)."""
-    import deepspeed
+    """Collective over the trainer ranks; rank 0 passes its weight-sync group ``pg`` (others pass None). Each
+    layer is gathered with the trainer's one ZeRO-3 gather (``trainer.distributed.full_parameters``), sent, and
+    released before the next: the full model is never resident at once."""
+    from trainer.distributed import full_parameters
 
     t0 = time.perf_counter()
     sender = BucketSender(pg, plan, device) if pg is not None else None
     error: BaseException | None = None
-    for group in layer_groups(module):
-        params = [p for _, p in group]
-        gather = deepspeed.zero.GatheredParameters(params, modifier_rank=None) if zero3 else contextlib.nullcontext()
-        with gather:
+    for holder, group in layer_groups(module):
+        with full_parameters(holder, 3 if zero3 else 0):
             if sender is None or error is not None:
                 continue
             try:
