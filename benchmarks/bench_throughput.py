@@ -185,6 +185,22 @@ def plot(results: dict[str, dict[str, Any]], path: Path, title: str) -> Path:
     return path
 
 
+def _train_in_fresh_process(cfg: dict[str, Any], run_dir: Path) -> tuple[list[dict[str, Any]], float]:
+    """One variant's `sao train` in a spawned process: a variant does not inherit the memory of the previous one
+    (two SmolLM2 runs in one process were OOM-killed on a 24 GiB machine) nor its threads or servers."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(_variant_child, cfg, run_dir).result()
+
+
+def _variant_child(cfg: dict[str, Any], run_dir: Path) -> tuple[list[dict[str, Any]], float]:
+    import benchmarks.latency_env  # noqa: F401  (registers sao/Latency-v0 in the fresh process)
+
+    return train_run(cfg, run_dir)
+
+
 def run(bc: ThroughputConfig, echo: Callable[[str], None] = print) -> dict[str, Any]:
     """Run every variant, print the table, write JSON + PNG; returns the JSON document."""
     import benchmarks.latency_env as latency_env  # registers sao/Latency-v0 for the runs below
@@ -211,7 +227,7 @@ def run(bc: ThroughputConfig, echo: Callable[[str], None] = print) -> dict[str, 
     for name, cfg in cfgs.items():
         label = str(spec["variants"][name].get("label", name))
         echo(f"[{name}] {label}: {cfg['run']['total_steps']} steps ...")
-        rows, wall = train_run(cfg, bc.out / "runs" / name)
+        rows, wall = _train_in_fresh_process(cfg, bc.out / "runs" / name)
         s = summarize(rows, bc.warmup_steps)
         results[name] = {"label": label, "wall_s": wall, "summary": s, "config": cfg}
         echo(
