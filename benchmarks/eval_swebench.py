@@ -14,7 +14,6 @@ sum up: resolved / total, with infrastructure failures (Docker, grader, engine) 
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -30,9 +29,9 @@ from benchmarks.eval_common import (
     read_jsonl_records,
     write_json,
 )
+from envs.datasets import HUB_PROBE_TIMEOUT_S, hub_available
 
 OFFLINE_ALIAS = "offline"
-HUB_PROBE_TIMEOUT_S = 3.0
 
 
 @dataclass(frozen=True)
@@ -61,21 +60,6 @@ class SWEEvalConfig:
 
 
 # ---- dataset ---------------------------------------------------------------------------------------------------
-def _hub_reachable() -> bool:
-    import httpx
-    from huggingface_hub import constants
-
-    try:
-        httpx.head(constants.ENDPOINT, timeout=HUB_PROBE_TIMEOUT_S)
-        return True
-    except httpx.HTTPError:
-        return False
-
-
-def _offline_mode() -> bool:
-    return any(os.environ.get(v, "").lower() in ("1", "true", "yes") for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
-
-
 def load_swe_dataset(dataset: str, instances: tuple[str, ...] = (), split: str = "test") -> list[dict[str, Any]]:
     """Validated records of a local file, the cached offline task set (``offline``) or a Hugging Face dataset."""
     from envs.swe.tasks.instance import load_instances, validate_instance
@@ -93,7 +77,7 @@ def load_swe_dataset(dataset: str, instances: tuple[str, ...] = (), split: str =
         else:
             records = load_instances(path)
     else:
-        if not _offline_mode() and not _hub_reachable():
+        if not hub_available():
             raise EvalError(
                 f"--dataset {dataset}: the Hugging Face Hub is not reachable from here (no answer in "
                 f"{HUB_PROBE_TIMEOUT_S:g} s). Pass a local file instead (--dataset FILE.jsonl|.json|.parquet: export "

@@ -90,7 +90,7 @@ def test_math_summary_counts_infra_errors_apart() -> None:
 def test_hub_unreachable_fails_fast_with_a_local_file_hint(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
-    monkeypatch.setattr(eval_swebench, "_hub_reachable", lambda: False)
+    monkeypatch.setattr(eval_swebench, "hub_available", lambda: False)
     t0 = time.monotonic()
     with pytest.raises(EvalError) as e:
         eval_swebench.load_swe_dataset("SWE-bench/SWE-bench_Verified")
