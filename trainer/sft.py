@@ -146,14 +146,7 @@ class SFTRun:
 
     def export(self, out: Path) -> None:
         """Collective: the trained actor as a HF model dir (with the tokenizer) on rank 0."""
-        module = self.engine.module
-        if self.cfg.deepspeed.zero_stage == 3:
-            import deepspeed
-
-            with deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=None):
-                sd = {k: v.detach().cpu().clone() for k, v in module.state_dict().items()} if self.rank0 else None
-        else:
-            sd = {k: v.detach().cpu().clone() for k, v in module.state_dict().items()} if self.rank0 else None
+        sd = dist_utils.full_state_dict(self.engine.module, self.cfg.deepspeed.zero_stage)
         if sd is not None:
             self.engine.module.save_pretrained(out, state_dict=sd, safe_serialization=True)
             self.tokenizer.save_pretrained(out)
