@@ -26,16 +26,19 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.rl_bench_common import (
-    build_word_tokenizer,
+    bench_run_config,
     deep_update,
     env_texts,
+    finite_mean,
     load_yaml,
     mean_std,
     print_table,
     register_bench_algorithms,
+    smoothed,
     tiny_model_threads,
     train_run,
     warm_start,
+    word_tokenizer,
     write_json,
 )
 
@@ -59,15 +62,6 @@ class LearningConfig:
     smooth: int = 3
     final_frac: float = 0.2
     overrides: dict[str, Any] = field(default_factory=dict)
-
-
-def smoothed(xs: list[float], k: int) -> list[float]:
-    """Trailing moving average over ``k`` points (fewer at the start)."""
-    out = []
-    for i in range(len(xs)):
-        w = xs[max(0, i - k + 1) : i + 1]
-        out.append(sum(w) / len(w))
-    return out
 
 
 def first_reach(xs: list[float], threshold: float) -> int | None:
@@ -164,11 +158,7 @@ def make_tokenizer(family: dict[str, Any], out: Path) -> tuple[Path, int]:
     texts: list[str] = []
     for env in family.get("texts", []):
         texts += env_texts(str(env["id"]), dict(env.get("kwargs", {})), action=words[0] if words else "A")
-    path = build_word_tokenizer(out, texts, words)
-    from transformers import AutoTokenizer
-
-    n = len(AutoTokenizer.from_pretrained(str(path)))
-    return path, int(math.ceil(n / 8) * 8)
+    return word_tokenizer(out, texts, words)
 
 
 def task_variants(spec: dict[str, Any], task: str, only: tuple[str, ...] = ()) -> list[str]:
@@ -190,13 +180,9 @@ def run_config(
     skip = ("label", "claim", "threshold", "family", "variants", "post_shift_steps")
     task_spec = {k: v for k, v in spec["tasks"][task].items() if k not in skip}
     var_spec = {k: v for k, v in spec["variants"][variant].items() if k != "label"}
-    cfg = deep_update(deep_update(spec.get("base", {}), task_spec), var_spec)
-    cfg.setdefault("run", {}).update(seed=seed, total_steps=steps)
-    model = cfg.setdefault("model", {})
-    model["tokenizer"] = str(tokenizer)
-    model.setdefault("tiny_overrides", {})["vocab_size"] = vocab
+    cfg = bench_run_config(deep_update(spec.get("base", {}), task_spec), var_spec, seed, steps, tokenizer, vocab)
     if model_path is not None:
-        model["path"] = model_path
+        cfg["model"]["path"] = model_path
     env = cfg.setdefault("env", {})
     if env.get("id") == "sao/OnlineWriting-v0":
         env.setdefault("kwargs", {})["schedule"] = f"bench-{task}-{variant}-{seed}-{time.monotonic_ns()}"
@@ -216,16 +202,11 @@ def _uses_critic(cfg: dict[str, Any]) -> bool:
     return bool(get_algorithm(str(cfg.get("trainer", {}).get("algorithm", "sao"))).critic)
 
 
-def _nanmean(xs: list[float]) -> float:
-    vals = [x for x in xs if math.isfinite(x)]
-    return sum(vals) / len(vals) if vals else float("nan")
-
-
 def _band(ax: Any, curves: list[dict[str, list[float]]], key: str, smooth: int, label: str, **kw: Any) -> None:
     n = min(len(c[key]) for c in curves)
     xs = [c for c in curves[0]["step"][:n]]
     per_seed = [smoothed(c[key][:n], smooth) for c in curves]
-    ys = [_nanmean([s[i] for s in per_seed]) for i in range(n)]
+    ys = [finite_mean([s[i] for s in per_seed]) for i in range(n)]
     lo = [min((s[i] for s in per_seed if math.isfinite(s[i])), default=float("nan")) for i in range(n)]
     hi = [max((s[i] for s in per_seed if math.isfinite(s[i])), default=float("nan")) for i in range(n)]
     (line,) = ax.plot(xs, ys, label=label, **kw)

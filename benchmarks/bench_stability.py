@@ -25,15 +25,18 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.rl_bench_common import (
-    build_word_tokenizer,
+    bench_run_config,
     deep_update,
     env_texts,
+    finite_mean,
     load_yaml,
     print_table,
     register_bench_algorithms,
+    smoothed,
     tiny_model_threads,
     train_run,
     warm_start,
+    word_tokenizer,
     write_json,
 )
 
@@ -66,15 +69,6 @@ class StabilityConfig:
     max_drop: float = 0.1
     report_only: bool = False
     overrides: dict[str, Any] = field(default_factory=dict)
-
-
-def smoothed(xs: list[float], k: int) -> list[float]:
-    """Trailing moving average over ``k`` points (fewer at the start); NaNs are skipped."""
-    out = []
-    for i in range(len(xs)):
-        w = [x for x in xs[max(0, i - k + 1) : i + 1] if math.isfinite(x)]
-        out.append(sum(w) / len(w) if w else float("nan"))
-    return out
 
 
 def drop_from_best(xs: list[float]) -> list[float]:
@@ -114,11 +108,6 @@ def _curve(rows: list[dict[str, Any]], key: str) -> list[float]:
     return out
 
 
-def _finite_mean(xs: list[float]) -> float:
-    vals = [x for x in xs if math.isfinite(x)]
-    return sum(vals) / len(vals) if vals else float("nan")
-
-
 def run_summary(rows: list[dict[str, Any]], window: int, plateau: float, max_drop: float) -> dict[str, Any]:
     """The criterion plus the dynamics a reader needs to say why a run held or fell."""
     curves = {k: _curve(rows, k) for k in CURVE_KEYS}
@@ -126,12 +115,12 @@ def run_summary(rows: list[dict[str, Any]], window: int, plateau: float, max_dro
     ent = [x for x in curves["entropy"] if math.isfinite(x)]
     s.update(
         entropy_min=min(ent) if ent else float("nan"),
-        entropy_final=_finite_mean(curves["entropy"][-window:]),
-        explained_variance_mean=_finite_mean(curves["explained_variance"]),
-        mask_frac_low_mean=_finite_mean(curves["mask_frac_low"]),
-        mask_frac_high_mean=_finite_mean(curves["mask_frac_high"]),
+        entropy_final=finite_mean(curves["entropy"][-window:]),
+        explained_variance_mean=finite_mean(curves["explained_variance"]),
+        mask_frac_low_mean=finite_mean(curves["mask_frac_low"]),
+        mask_frac_high_mean=finite_mean(curves["mask_frac_high"]),
         actor_grad_norm_max=max((x for x in curves["actor_grad_norm"] if math.isfinite(x)), default=float("nan")),
-        policy_lag_mean=_finite_mean(curves["policy_lag_mean"]),
+        policy_lag_mean=finite_mean(curves["policy_lag_mean"]),
         policy_lag_max=max((int(r.get("policy_lag_max", 0)) for r in rows), default=0),
         dropped_stale=int(rows[-1].get("dropped_stale", 0)) if rows else 0,
         wall_s=sum(float(r.get("step_s", 0.0)) for r in rows),
@@ -140,27 +129,19 @@ def run_summary(rows: list[dict[str, Any]], window: int, plateau: float, max_dro
 
 
 def _tokenizer(spec: dict[str, Any], out: Path) -> tuple[Path, int]:
-    from transformers import AutoTokenizer
-
     env = spec["base"]["env"]
     kwargs = dict(env.get("kwargs", {}))
     inner_id = str(kwargs.get("inner_id", env["id"]))
     inner_kwargs = dict(kwargs.get("inner_kwargs", kwargs))
     words = [str(w) for w in spec["base"].get("rollout", {}).get("action_vocab", [])]
-    path = build_word_tokenizer(out, env_texts(inner_id, inner_kwargs, action=words[0] if words else "A"), words)
-    return path, int(math.ceil(len(AutoTokenizer.from_pretrained(str(path))) / 8) * 8)
+    return word_tokenizer(out, env_texts(inner_id, inner_kwargs, action=words[0] if words else "A"), words)
 
 
 def run_config(
     spec: dict[str, Any], variant: str, seed: int, steps: int, tokenizer: Path, vocab: int
 ) -> dict[str, Any]:
     var = {k: v for k, v in spec["variants"][variant].items() if k != "label"}
-    cfg = deep_update(spec["base"], var)
-    cfg.setdefault("run", {}).update(seed=seed, total_steps=steps)
-    model = cfg.setdefault("model", {})
-    model["tokenizer"] = str(tokenizer)
-    model.setdefault("tiny_overrides", {})["vocab_size"] = vocab
-    return cfg
+    return bench_run_config(spec["base"], var, seed, steps, tokenizer, vocab)
 
 
 def _warm_env(cfg: dict[str, Any]) -> dict[str, Any]:

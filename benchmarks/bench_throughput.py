@@ -28,12 +28,12 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.rl_bench_common import (
-    build_word_tokenizer,
     deep_update,
     env_texts,
     load_yaml,
     print_table,
     train_run,
+    word_tokenizer,
     write_json,
 )
 from trainer.algos.registry import get_algorithm
@@ -147,11 +147,7 @@ def make_tokenizer(spec: dict[str, Any], out: Path) -> tuple[Path, int]:
     env = spec.get("base", {}).get("env", {}).get("kwargs", {})
     words = spec.get("base", {}).get("rollout", {}).get("action_vocab", [])
     texts = env_texts(env.get("inner_id", "sao/TokenGame-v0"), env.get("inner_kwargs", {}), action=str(words[0]))
-    path = build_word_tokenizer(out / "tokenizer", texts, words)
-    from transformers import AutoTokenizer
-
-    n = len(AutoTokenizer.from_pretrained(str(path)))
-    return path, int(math.ceil(n / 8) * 8)
+    return word_tokenizer(out / "tokenizer", texts, words)
 
 
 def plot(results: dict[str, dict[str, Any]], path: Path, title: str) -> Path:

@@ -78,6 +78,42 @@ def build_word_tokenizer(out_dir: Path, texts: Iterable[str], words: Iterable[st
     return out_dir
 
 
+def word_tokenizer(out_dir: Path, texts: Iterable[str], words: Iterable[str] = ()) -> tuple[Path, int]:
+    """``build_word_tokenizer`` plus the tiny model's vocabulary size for it (rounded up to a multiple of 8)."""
+    from transformers import AutoTokenizer
+
+    path = build_word_tokenizer(out_dir, texts, words)
+    return path, int(math.ceil(len(AutoTokenizer.from_pretrained(str(path))) / 8) * 8)
+
+
+def bench_run_config(
+    base: dict[str, Any], extra: dict[str, Any], seed: int, steps: int, tokenizer: Path, vocab: int
+) -> dict[str, Any]:
+    """A bench run's trainer config: ``base`` updated by ``extra``, with the seed, the step budget and the bench's
+    word-level tokenizer and vocabulary size filled in."""
+    cfg = deep_update(base, extra)
+    cfg.setdefault("run", {}).update(seed=seed, total_steps=steps)
+    model = cfg.setdefault("model", {})
+    model["tokenizer"] = str(tokenizer)
+    model.setdefault("tiny_overrides", {})["vocab_size"] = vocab
+    return cfg
+
+
+def smoothed(xs: list[float], k: int) -> list[float]:
+    """Trailing moving average over ``k`` points (fewer at the start); NaNs are skipped."""
+    out = []
+    for i in range(len(xs)):
+        w = [x for x in xs[max(0, i - k + 1) : i + 1] if math.isfinite(x)]
+        out.append(sum(w) / len(w) if w else float("nan"))
+    return out
+
+
+def finite_mean(xs: list[float]) -> float:
+    """Mean of the finite values (NaN when there are none)."""
+    vals = [x for x in xs if math.isfinite(x)]
+    return sum(vals) / len(vals) if vals else float("nan")
+
+
 def deep_update(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     """A copy of ``base`` with ``extra`` merged in recursively (mappings merge, other values replace)."""
     out = copy.deepcopy(base)
