@@ -228,3 +228,24 @@ def stability(
         run(sc, echo=typer.echo)
     except (ValueError, FileNotFoundError) as e:
         raise typer.BadParameter(str(e)) from e
+
+
+@app.command("confirm")
+def confirm(
+    out: str = typer.Option("runs/bench/confirm", help="folder for confirm.json, confirm.png and the staged runs"),
+    config: str = typer.Option("configs/bench/confirm_smollm2.yaml", help="base config, shared overrides, arms"),
+    arms: str = typer.Option("", help="comma-separated arms (default: all in the config, in its order)"),
+    override: list[str] = typer.Option([], "--set", help="key=value applied to every run (repeatable)"),
+    report_only: bool = typer.Option(False, "--report-only", help="only rebuild the table and plot from --out"),
+) -> None:
+    """SAO vs GRPO (vs running mean) on SmolLM2-135M from one shared SFT checkpoint, equal trajectory budgets."""
+    from pathlib import Path
+
+    from benchmarks.bench_confirm import ConfirmConfig, run
+
+    cc = ConfirmConfig(out=Path(out), config=Path(config), arms=_csv(arms), overrides=list(override),
+                       report_only=report_only)  # fmt: skip
+    try:
+        run(cc, echo=typer.echo)
+    except (ValueError, FileNotFoundError) as e:
+        raise typer.BadParameter(str(e)) from e

@@ -1,0 +1,272 @@
+"""`sao bench confirm`: the main comparison (SAO vs GRPO vs a running-mean baseline) on the real model.
+
+One staged run makes the shared start: ``collect`` (the solver's demonstrations in Docker sandboxes), ``sft`` and
+``eval`` of the SFT checkpoint on the held-out tasks (``OUT/shared``, the quickstart's stages). Then each arm is a
+staged run ``[train, eval]`` from that SAME SFT checkpoint (``OUT/arms/NAME``) with the same number of trajectories
+(``run.total_steps x trainer.batch_size``) and the same held-out tasks (``eval.seed``, ``eval.n``, ``run.seed``),
+each in a spawned process (two SmolLM2 runs in one process were OOM-killed, see bench_throughput). Finished stages
+are skipped on a re-run (``done.json``), so an interrupted bench continues where it stopped.
+
+Output: ``confirm.json``, the table (success after SFT and after RL per arm with binomial standard errors, the
+paired after-minus-SFT difference, valid tool-call rate, RL wall and CPU time) and ``confirm.png`` (held-out success
+per arm, the trained batches' reward per step, SAO's critic explained variance).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from benchmarks.rl_bench_common import deep_update, load_yaml, print_table, write_json
+
+SHARED_STAGES = ["collect", "sft", "eval"]
+ARM_STAGES = ["train", "eval"]
+
+
+@dataclass
+class ConfirmConfig:
+    out: Path
+    config: Path = Path("configs/bench/confirm_smollm2.yaml")
+    arms: tuple[str, ...] = ()
+    """Only these arms (default: all in the config, in its order)."""
+    overrides: list[str] = field(default_factory=list)
+    """``key=value`` overrides applied after the config's own (e.g. ``run.total_steps=1`` ``eval.n=2``)."""
+    report_only: bool = False
+
+
+def _set_dotted(cfg: dict[str, Any], item: str) -> dict[str, Any]:
+    if "=" not in item:
+        raise ValueError(f"override {item!r}: write it as key=value, e.g. run.total_steps=1")
+    key, value = item.split("=", 1)
+    node: dict[str, Any] = {}
+    top = node
+    parts = key.strip().split(".")
+    for p in parts[:-1]:
+        node[p] = {}
+        node = node[p]
+    node[parts[-1]] = yaml.safe_load(value)
+    return deep_update(cfg, top)
+
+
+def build_configs(cc: ConfirmConfig) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """The shared run's config and each arm's, as plain dicts ready for `sao train`."""
+    spec = load_yaml(cc.config)
+    base_path = Path(str(spec.get("base", "")))
+    if not base_path.is_file():
+        raise FileNotFoundError(f"{cc.config}: base {str(base_path)!r} not found; name a trainer config, e.g. "
+                                "configs/quickstart.yaml (paths are relative to the repository root)")  # fmt: skip
+    base = deep_update(load_yaml(base_path), spec.get("overrides") or {})
+    for item in cc.overrides:
+        base = _set_dotted(base, item)
+    arms_spec: dict[str, Any] = spec.get("arms") or {}
+    if not arms_spec:
+        raise ValueError(f"{cc.config}: no arms; list one, e.g. arms: {{sao: {{trainer: {{algorithm: sao}}}}}}")
+    names = list(cc.arms) or list(arms_spec)
+    unknown = [a for a in names if a not in arms_spec]
+    if unknown:
+        raise ValueError(f"--arms: unknown {unknown}; the config has {list(arms_spec)}")
+    shared = deep_update(base, {"stages": SHARED_STAGES, "run": {"dir": str(cc.out / "shared")}})
+    sft_actor = cc.out / "shared" / f"{SHARED_STAGES.index('sft'):02d}_sft" / "final" / "actor"
+    arms = {
+        name: deep_update(
+            deep_update(base, arms_spec[name] or {}),
+            {"stages": ARM_STAGES, "model": {"path": str(sft_actor)}, "run": {"dir": str(cc.out / "arms" / name)}},
+        )
+        for name in names
+    }
+    return shared, arms
+
+
+def _staged_child(cfg: dict[str, Any]) -> dict[str, Any]:
+    """One staged `sao train` (resumed if its folder holds one); returns its summary.json."""
+    from trainer.run import train
+
+    run_dir = Path(cfg["run"]["dir"])
+    if (run_dir / "config.yaml").exists():
+        train(None, [], resume=str(run_dir))
+    else:
+        run_dir.parent.mkdir(parents=True, exist_ok=True)
+        path = run_dir.with_name(run_dir.name + ".yaml")
+        path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+        train(str(path), [])
+    out: dict[str, Any] = json.loads((run_dir / "summary.json").read_text())
+    return out
+
+
+def staged_in_fresh_process(cfg: dict[str, Any]) -> dict[str, Any]:
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(_staged_child, cfg).result()
+
+
+def _se(p: float, n: int) -> float:
+    return math.sqrt(p * (1 - p) / max(n, 1))
+
+
+def arm_result(name: str, summary: dict[str, Any], sft_eval: dict[str, Any], run_dir: Path) -> dict[str, Any]:
+    """One arm's row: held-out success before (the shared SFT eval) and after, the paired difference, the RL
+    stage's cost and its per-step curves."""
+    from trainer.metrics import read_metrics
+    from trainer.stages import paired_difference
+
+    after = summary["evals"][-1]
+    train = next(s for s in summary["stages"] if s.get("stage") == "train")
+    diff, diff_se, n_pair = paired_difference(sft_eval["solved_by_task"], after["solved_by_task"])
+    rows = read_metrics(run_dir / f"{ARM_STAGES.index('train'):02d}_train")
+    curve = {
+        k: [r.get(k) for r in rows]
+        for k in ("step", "success_rate", "reward_mean", "explained_variance", "entropy", "trajectories")
+    }
+    return {
+        "arm": name,
+        "success_sft": sft_eval["success"],
+        "success_sft_se": _se(sft_eval["success"], sft_eval["episodes"]),
+        "success_rl": after["success"],
+        "success_rl_se": _se(after["success"], after["episodes"]),
+        "episodes": after["episodes"],
+        "paired_diff": diff,
+        "paired_diff_se": diff_se,
+        "paired_n": n_pair,
+        "valid_tool_call_sft": sft_eval["valid_tool_call_rate"],
+        "valid_tool_call_rl": after["valid_tool_call_rate"],
+        "rl_steps": train.get("steps"),
+        "rl_wall_s": train.get("wall_s"),
+        "rl_cpu_s": train.get("cpu_s"),
+        "rl_load_avg": train.get("load_avg"),
+        "eval_wall_s": after.get("wall_s"),
+        "curves": curve,
+    }
+
+
+def table_rows(results: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
+    headers = ["arm", "success after SFT", "success after RL", "RL - SFT (paired)", "valid calls SFT -> RL",
+               "RL steps", "RL wall / CPU"]  # fmt: skip
+    rows = []
+    for r in results:
+        d, se = r["paired_diff"], r["paired_diff_se"]
+        z = f"{d / se:.1f} SE" if se and se > 0 else "n/a"
+        rows.append([
+            r["arm"],
+            f"{r['success_sft']:.3f} ± {r['success_sft_se']:.3f}",
+            f"{r['success_rl']:.3f} ± {r['success_rl_se']:.3f}",
+            f"{d:+.3f} ± {se:.3f} ({z})",
+            f"{r['valid_tool_call_sft']:.2f} -> {r['valid_tool_call_rl']:.2f}",
+            str(r["rl_steps"]),
+            f"{(r['rl_wall_s'] or 0) / 60:.1f} min / {(r['rl_cpu_s'] or 0) / 60:.1f} min",
+        ])  # fmt: skip
+    return headers, rows
+
+
+def between_arms(results: list[dict[str, Any]], summaries: dict[str, dict[str, Any]]) -> list[str]:
+    """Paired differences between arms (same held-out tasks): the first arm minus each other arm."""
+    from trainer.stages import paired_difference
+
+    if len(results) < 2:
+        return []
+    first = results[0]["arm"]
+    lines = []
+    for r in results[1:]:
+        d, se, n = paired_difference(
+            summaries[r["arm"]]["evals"][-1]["solved_by_task"], summaries[first]["evals"][-1]["solved_by_task"]
+        )
+        z = f"{d / se:.1f} SE" if se > 0 else "n/a"
+        lines.append(f"{first} - {r['arm']}: {d:+.3f} ± {se:.3f} ({z}; paired over {n} held-out tasks)")
+    return lines
+
+
+def plot(results: list[dict[str, Any]], path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
+    ax = axes[0]
+    labels = ["after SFT"] + [r["arm"] for r in results]
+    ys = [results[0]["success_sft"]] + [r["success_rl"] for r in results]
+    errs = [results[0]["success_sft_se"]] + [r["success_rl_se"] for r in results]
+    ax.bar(range(len(ys)), ys, yerr=errs, capsize=4, color=["grey"] + [f"C{i}" for i in range(len(results))])
+    ax.set_xticks(range(len(ys)), labels)
+    ax.set_ylim(0, 1)
+    ax.set_title(f"held-out success (n={results[0]['episodes']}, ± SE)")
+    for i, r in enumerate(results):
+        c = r["curves"]
+        steps = [s for s in c["step"]]
+        axes[1].plot(steps, [x if x is not None else float("nan") for x in c["reward_mean"]], marker=".",
+                     color=f"C{i}", label=r["arm"])  # fmt: skip
+        ev = [x if x is not None else float("nan") for x in c["explained_variance"]]
+        if any(x == x for x in ev):
+            axes[2].plot(steps, ev, marker=".", color=f"C{i}", label=r["arm"])
+    axes[1].set_title("RL: mean reward of the trained batch")
+    axes[1].set_xlabel("policy step")
+    axes[1].legend(fontsize=8)
+    axes[2].set_title("critic explained variance")
+    axes[2].set_xlabel("policy step")
+    axes[2].axhline(0, color="k", lw=0.5)
+    if axes[2].lines[1:]:
+        axes[2].legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+def run(cc: ConfirmConfig, echo: Callable[[str], None] = print) -> dict[str, Any]:
+    shared_cfg, arm_cfgs = build_configs(cc)
+    t0 = time.perf_counter()
+    shared_dir = Path(shared_cfg["run"]["dir"])
+    if cc.report_only:
+        shared = json.loads((shared_dir / "summary.json").read_text())
+    else:
+        echo(f"== shared: {SHARED_STAGES} -> {shared_dir}")
+        shared = staged_in_fresh_process(shared_cfg)
+    sft_eval = shared["evals"][-1]
+    echo(f"   after SFT: success {sft_eval['success']:.3f} on {sft_eval['episodes']} held-out tasks")
+    results, summaries = [], {}
+    for name, cfg in arm_cfgs.items():
+        run_dir = Path(cfg["run"]["dir"])
+        if cc.report_only:
+            if not (run_dir / "summary.json").exists():
+                echo(f"   {name}: not run, left out")
+                continue
+            summaries[name] = json.loads((run_dir / "summary.json").read_text())
+        else:
+            echo(f"== arm {name}: {ARM_STAGES} from the SFT checkpoint -> {run_dir}")
+            summaries[name] = staged_in_fresh_process(cfg)
+        results.append(arm_result(name, summaries[name], sft_eval, run_dir))
+        r = results[-1]
+        echo(f"   {name}: success {r['success_sft']:.3f} -> {r['success_rl']:.3f} "
+             f"(paired {r['paired_diff']:+.3f} ± {r['paired_diff_se']:.3f})")  # fmt: skip
+    if not results:
+        raise ValueError(f"no arm has finished in {cc.out}; run without --report-only first")
+    headers, rows = table_rows(results)
+    print_table(headers, rows, echo)
+    pairs = between_arms(results, summaries)
+    for line in pairs:
+        echo(line)
+    png = plot(results, cc.out / "confirm.png")
+    t = shared_cfg["trainer"]
+    data = {
+        "config": str(cc.config),
+        "overrides": cc.overrides,
+        "trajectories_per_arm": shared_cfg["run"]["total_steps"] * t["batch_size"],
+        "shared": {k: v for k, v in shared.items() if k != "evals"} | {"sft_eval": sft_eval},
+        "arms": results,
+        "between_arms": pairs,
+        "wall_s": time.perf_counter() - t0,
+        "load_avg_end": os.getloadavg()[0],
+    }
+    write_json(cc.out / "confirm.json", data)
+    echo(f"wrote {cc.out / 'confirm.json'} and {png}")
+    return data

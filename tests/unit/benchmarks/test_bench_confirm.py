@@ -1,0 +1,79 @@
+"""`sao bench confirm`: the arms' configs (same SFT start, same budget, same eval) and the report's arithmetic."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from benchmarks.bench_confirm import ConfirmConfig, arm_result, between_arms, build_configs, table_rows
+
+ROOT = Path(__file__).resolve().parents[3]
+CONFIG = ROOT / "configs" / "bench" / "confirm_smollm2.yaml"
+
+
+def _cc(tmp_path: Path, **kw: object) -> ConfirmConfig:
+    return ConfirmConfig(out=tmp_path / "c", config=CONFIG, **kw)  # type: ignore[arg-type]
+
+
+def test_every_arm_starts_from_the_shared_sft_checkpoint_with_the_same_budget_and_eval(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(ROOT)  # the config names its base relative to the repository root
+    shared, arms = build_configs(_cc(tmp_path))
+    assert shared["stages"] == ["collect", "sft", "eval"]
+    assert list(arms) == ["sao", "grpo", "running_mean"]
+    sft_actor = str(tmp_path / "c" / "shared" / "01_sft" / "final" / "actor")
+    for name, cfg in arms.items():
+        assert cfg["stages"] == ["train", "eval"]
+        assert cfg["model"]["path"] == sft_actor
+        assert cfg["trainer"]["algorithm"] == name
+        assert cfg["eval"] == shared["eval"] and cfg["run"]["seed"] == shared["run"]["seed"]
+        assert cfg["run"]["total_steps"] * cfg["trainer"]["batch_size"] == 48
+        assert cfg["trainer"]["batch_size"] % cfg["trainer"]["group_size"] == 0
+        assert cfg["env"] == shared["env"] and cfg["rollout"] == shared["rollout"]
+    assert len({c["run"]["dir"] for c in arms.values()}) == 3
+
+
+def test_overrides_and_arm_selection_apply_and_bad_input_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(ROOT)
+    shared, arms = build_configs(_cc(tmp_path, arms=("grpo",), overrides=["run.total_steps=1", "eval.n=2"]))
+    assert list(arms) == ["grpo"] and arms["grpo"]["run"]["total_steps"] == 1 and shared["eval"]["n"] == 2
+    with pytest.raises(ValueError, match="unknown"):
+        build_configs(_cc(tmp_path, arms=("ppo2",)))
+    with pytest.raises(ValueError, match="key=value"):
+        build_configs(_cc(tmp_path, overrides=["run.total_steps"]))
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("base: nowhere.yaml\narms: {sao: {}}\n")
+    with pytest.raises(FileNotFoundError, match=r"nowhere\.yaml"):
+        build_configs(ConfirmConfig(out=tmp_path, config=bad))
+
+
+def _summary(solved: dict[str, int], steps: int = 2) -> dict[str, object]:
+    n = len(solved)
+    ev = {"episodes": n, "success": sum(solved.values()) / n, "valid_tool_call_rate": 1.0, "solved_by_task": solved,
+          "wall_s": 1.0}  # fmt: skip
+    return {"evals": [ev], "stages": [{"stage": "train", "steps": steps, "wall_s": 60.0, "cpu_s": 30.0}]}
+
+
+def test_arm_rows_pair_each_arm_with_the_sft_eval_on_the_same_tasks(tmp_path: Path) -> None:
+    import json
+
+    sft = _summary({"a": 0, "b": 0, "c": 1, "d": 0})["evals"][0]  # type: ignore[index]
+    sums = {"sao": _summary({"a": 1, "b": 1, "c": 1, "d": 0}), "grpo": _summary({"a": 1, "b": 0, "c": 0, "d": 0})}
+    results = []
+    for name, s in sums.items():
+        d = tmp_path / name / "00_train"
+        d.mkdir(parents=True)
+        (d / "metrics.jsonl").write_text(json.dumps({"step": 1, "reward_mean": 0.5}) + "\n")
+        results.append(arm_result(name, s, sft, tmp_path / name))
+    assert results[0]["success_sft"] == 0.25 and results[0]["success_rl"] == 0.75
+    assert results[0]["paired_diff"] == pytest.approx(0.5)  # two tasks gained, none lost
+    assert results[1]["paired_diff"] == pytest.approx(0.0)  # one gained, one lost
+    assert results[0]["curves"]["reward_mean"] == [0.5]
+    _headers, rows = table_rows(results)
+    assert rows[0][0] == "sao" and rows[0][2] == "0.750 ± 0.217" and "+0.500" in rows[0][3]
+    lines = between_arms(results, sums)
+    assert lines and lines[0].startswith("sao - grpo: +0.500")
