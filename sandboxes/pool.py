@@ -291,6 +291,20 @@ async def warm_pools(size: int, *, max_warm: int = 4) -> AsyncIterator[PoolSet]:
         await pools.aclose()
 
 
+@contextlib.asynccontextmanager
+async def use_pools(pools: PoolSet) -> AsyncIterator[PoolSet]:
+    """Make ``pools`` the set ``acquire_sandbox`` and nested ``warm_pools`` blocks use on this event loop until the
+    block ends (e.g. the Ray backend's client of a node's sandbox host); the caller closes it."""
+    loop = asyncio.get_running_loop()
+    if loop in _ACTIVE:
+        raise RuntimeError("use_pools: a pool set is already active on this event loop")
+    _ACTIVE[loop] = pools
+    try:
+        yield pools
+    finally:
+        _ACTIVE.pop(loop, None)
+
+
 def active_pools() -> PoolSet | None:
     """The ``warm_pools`` set open on the running event loop, if any."""
     try:

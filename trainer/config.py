@@ -278,6 +278,12 @@ class ClusterConfig:
     """Ray resources of one trainer rank: ``num_cpus``, ``num_gpus``, ``memory`` (bytes), ``resources`` (custom)."""
     engine_resources: dict[str, Any] = field(default_factory=lambda: {"num_cpus": 1})
     rollout_resources: dict[str, Any] = field(default_factory=lambda: {"num_cpus": 1})
+    sandbox_resources: dict[str, Any] = field(default_factory=lambda: {"num_cpus": 0})
+    """ray: resources of one sandbox host (one per node with rollout workers, pinned there; it owns the node's
+    Docker engine and warm pool). Its containers' CPUs are Docker's, not Ray's: hence 0 by default."""
+    sandbox_host_restarts: int = 3
+    """ray: times Ray restarts a dead sandbox host (its episodes in flight are infra errors); past that, the
+    node's rollout workers get no more episodes and the run goes on on the other nodes."""
 
 
 @dataclass
@@ -438,6 +444,7 @@ def _cluster_checks(cfg: Config) -> list[tuple[bool, str]]:
         (c.trainer_ranks >= 1, "cluster.trainer_ranks must be >= 1"),
         (c.engines >= 1, "cluster.engines must be >= 1"),
         (c.rollout_workers >= 1, "cluster.rollout_workers must be >= 1"),
+        (c.sandbox_host_restarts >= 0, "cluster.sandbox_host_restarts must be >= 0"),
         (
             r.weight_sync == "checkpoint" or r.engine == "vllm",
             "rollout.weight_sync=broadcast needs rollout.engine=vllm (the hf engine shares the trainer's process)",
@@ -447,7 +454,7 @@ def _cluster_checks(cfg: Config) -> list[tuple[bool, str]]:
             "cluster.backend=ray needs rollout.engine=vllm (rollout workers on other nodes call vLLM servers)",
         ),
     ]
-    for role in ("trainer", "engine", "rollout"):
+    for role in ("trainer", "engine", "rollout", "sandbox"):
         res = getattr(c, f"{role}_resources")
         bad = sorted(set(res) - set(RESOURCE_KEYS))
         out.append((not bad, f"cluster.{role}_resources: unknown key(s) {bad}; use {list(RESOURCE_KEYS)}"))

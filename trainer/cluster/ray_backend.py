@@ -7,19 +7,25 @@ Roles, each a Ray actor with the resources its ``cluster.*_resources`` entry ask
   follow its commands, exactly as under torchrun.
 - ``EngineHost`` x ``cluster.engines``: starts a vLLM server with the SAO worker extension on its node, from a
   model directory local to that node (``tiny:*`` models are written there from the same seed as the trainer's).
-- ``RolloutWorker`` x ``cluster.rollout_workers`` (spread over the nodes): plays episodes with its node's sandbox
-  host (the node's Docker engine and its warm pool) against the engines. Rank 0 hands each episode to the least
-  busy live worker; a worker that dies turns its episodes into ``infra_error`` records and is not used again.
+- ``RolloutWorker`` x ``cluster.rollout_workers`` (spread over the nodes): plays episodes against the engines with
+  sandboxes from its node's sandbox host. Rank 0 hands each episode to the least busy live worker; a worker that
+  dies turns its episodes into ``infra_error`` records and is not used again.
+- ``SandboxHost``, one per node that has rollout workers (``cluster.sandbox_resources``, pinned to the node):
+  the node's Docker engine and its warm pool; runs the sandbox calls of the node's episodes
+  (``trainer.cluster.sandbox_host``). Ray restarts a dead one up to ``cluster.sandbox_host_restarts`` times; the
+  episodes that were using it are infra errors.
 
 Weights reach the engines through ``rollout.weight_sync`` (``broadcast`` needs no filesystem shared by the nodes;
 ``checkpoint`` does). The run directory lives on rank 0's node. It runs on an existing cluster
 (``cluster.address``; ``ray start --head`` / ``ray start --address=...``, Slurm or KubeRay: docs/scale.md) or on
 a local Ray instance when the address is null. Actors are named ``sao-trainer-<i>``, ``sao-engine-<i>``,
-``sao-rollout-<i>`` in the Ray namespace ``sao``.
+``sao-rollout-<i>``, ``sao-sandbox-<i>`` in the Ray namespace ``sao``. Every actor is owned by the driver (``sao
+train``): if the driver dies, Ray ends them all (an engine's vLLM server is ended by a watchdog process).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 from typing import Any
@@ -27,14 +33,54 @@ from typing import Any
 from agent.engines.vllm_engine import VLLMEngine
 from agent.records import Trajectory
 from agent.rollout import Episode, infra_error_trajectory
+from trainer.cluster.sandbox_host import RemoteSandbox, SandboxHostClient, SandboxHostImpl, episode_sandboxes
 from trainer.config import Config, ConfigError
 
 NAMESPACE = "sao"
 
 
-def _options(resources: dict[str, Any], name: str) -> dict[str, Any]:
+def _options(resources: dict[str, Any], name: str, max_restarts: int = 0) -> dict[str, Any]:
     out = {k: v for k, v in resources.items() if k in ("num_cpus", "num_gpus", "memory", "resources")}
-    return {**out, "name": name, "namespace": NAMESPACE, "max_restarts": 0}
+    return {**out, "name": name, "namespace": NAMESPACE, "max_restarts": max_restarts}
+
+
+_WATCHDOG = """
+import os, signal, sys, time
+parent, group = int(sys.argv[1]), int(sys.argv[2])
+def gone(pid, kill=os.kill):
+    try:
+        kill(pid, 0)
+        return False
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+while not gone(parent):
+    if gone(group, os.killpg):
+        sys.exit(0)
+    time.sleep(1.0)
+for sig in (signal.SIGTERM, signal.SIGKILL):
+    try:
+        os.killpg(group, sig)
+    except ProcessLookupError:
+        sys.exit(0)
+    time.sleep(10.0)
+"""
+
+
+def _watch(parent_pid: int, group: int) -> None:
+    """Kill process group ``group`` when ``parent_pid`` dies (an actor killed with SIGKILL runs no cleanup, and the
+    vLLM server is in a session of its own, so nothing else would end it)."""
+    import subprocess
+    import sys
+
+    subprocess.Popen(
+        [sys.executable, "-c", _WATCHDOG, str(parent_pid), str(group)],
+        start_new_session=True,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 def _local_model_dir(cfg: Config, into: Path) -> str:
@@ -78,7 +124,11 @@ class EngineHostImpl:
             log_path=str(work / "vllm.log"),
             max_model_len=cfg.rollout.max_context_tokens,
         )
+        _watch(os.getpid(), self.server.proc.pid)
         return str(self.server.url).replace("127.0.0.1", host)
+
+    def server_pid(self) -> int | None:
+        return None if self.server is None else int(self.server.proc.pid)
 
     def alive(self) -> bool:
         return self.server is not None and bool(self.server.alive())
@@ -90,7 +140,7 @@ class EngineHostImpl:
 
 
 class RolloutWorkerImpl:
-    """Plays episodes on this node (its sandboxes, its warm pool) against the engine URLs."""
+    """Plays episodes on this node against the engine URLs, with sandboxes from the node's sandbox host."""
 
     def __init__(self, cfg_dict: dict[str, Any], urls: list[str]) -> None:
         from agent.loop import AgentConfig
@@ -109,27 +159,53 @@ class RolloutWorkerImpl:
         )
         player = TokenPlayer(self.engine, load_tokenizer(cfg), agent_cfg, render_check_every=r.render_check_every)
         self.runner = EpisodeRunner(env_factory(cfg.env.id, cfg.env.kwargs), player, RunnerConfig(r.concurrency))
-        self._open = False
+        self.sandboxes: SandboxHostClient | None = None
+        self._stack: contextlib.AsyncExitStack | None = None
+
+    async def node_id(self) -> str:
+        import ray
+
+        return str(ray.get_runtime_context().get_node_id())
+
+    async def attach_sandbox_host(self, host: Any, name: str) -> None:
+        """Take this node's sandboxes from ``host`` (before the first episode)."""
+        self.sandboxes = SandboxHostClient(host, name)
+
+    async def _open(self) -> None:
+        from sandboxes.pool import use_pools
+
+        stack = contextlib.AsyncExitStack()
+        if self.sandboxes is not None:
+            await stack.enter_async_context(use_pools(self.sandboxes))
+        await stack.enter_async_context(self.runner)
+        self._stack = stack
 
     async def run_one(self, episode: Episode) -> Trajectory:
         import dataclasses
 
         import ray
 
-        if not self._open:
-            await self.runner.__aenter__()  # the node's warm sandbox pools live as long as the worker
-            self._open = True
+        if self._stack is None:
+            await self._open()
+        boxes: list[RemoteSandbox] = []
+        episode_sandboxes.set(boxes)  # this call's own context: the sandboxes of this episode only
         traj = await self.runner.run_one(episode)
-        node = ray.get_runtime_context().get_node_id()
-        return dataclasses.replace(traj, info={**traj.info, "ray_node": node})
+        info: dict[str, Any] = {"ray_node": ray.get_runtime_context().get_node_id()}
+        lost = next((b.failed for b in boxes if b.failed), None)
+        if lost is not None and traj.status != "infra_error":  # e.g. the env's teardown swallowed the error
+            traj = infra_error_trajectory(traj.task_id, traj.env_id, lost, with_traceback=False)
+            info["episode"], info["seed"] = episode.index, episode.seed
+        if self.sandboxes is not None and self.sandboxes.lost is not None:
+            info["sandbox_host_lost"] = self.sandboxes.lost
+        return dataclasses.replace(traj, info={**traj.info, **info})
 
     async def set_version(self, version: int) -> None:
         self.engine.set_version(version)
 
     async def close(self) -> None:
-        if self._open:
-            await self.runner.__aexit__(None, None, None)
-            self._open = False
+        stack, self._stack = self._stack, None
+        if stack is not None:
+            await stack.aclose()
         await self.engine.close()
 
 
@@ -152,6 +228,8 @@ class RayRolloutRunner:
         self.busy[i] += 1
         try:
             traj: Trajectory = await self.workers[i].run_one.remote(episode)
+            if traj.info.get("sandbox_host_lost"):  # its node has no sandboxes any more: the other nodes go on
+                self.dead.add(i)
             return traj
         except (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError) as e:
             self.dead.add(i)
@@ -246,6 +324,24 @@ class TrainerRankImpl:
         return {"step": trainer.step, "stopped": None if trainer.stopped is None else trainer.stopped.reason, **last}
 
 
+def _place_sandbox_hosts(cfg: Config, host_cls: Any, workers: list[Any]) -> list[Any]:
+    """One sandbox host on each node that got rollout workers, pinned there; each worker attached to its node's."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    c = cfg.cluster
+    nodes = ray.get([w.node_id.remote() for w in workers])
+    hosts: dict[str, tuple[Any, str]] = {}
+    for node in dict.fromkeys(nodes):
+        name = f"sao-sandbox-{len(hosts)}"
+        opts = _options(c.sandbox_resources, name, max_restarts=c.sandbox_host_restarts)
+        pin = NodeAffinitySchedulingStrategy(node, soft=False)
+        handle = host_cls.options(**opts, scheduling_strategy=pin, max_concurrency=1000).remote(cfg.rollout.concurrency)
+        hosts[node] = (handle, name)
+    ray.get([w.attach_sandbox_host.remote(*hosts[n]) for w, n in zip(workers, nodes, strict=True)])
+    return [h for h, _ in hosts.values()]
+
+
 def _connect(cfg: Config) -> None:
     import ray
 
@@ -266,8 +362,10 @@ def run_on_ray(cfg: Config, run_dir: Path, state: dict[str, Any] | None) -> dict
     trainer_cls: Any = ray.remote(TrainerRankImpl)
     engine_cls: Any = ray.remote(EngineHostImpl)
     worker_cls: Any = ray.remote(RolloutWorkerImpl)
+    host_cls: Any = ray.remote(SandboxHostImpl)
     actors: list[Any] = []
     engines: list[Any] = []
+    hosts: list[Any] = []
     try:
         ranks: list[Any] = [
             trainer_cls.options(**_options(c.trainer_resources, f"sao-trainer-{i}")).remote()
@@ -290,6 +388,8 @@ def run_on_ray(cfg: Config, run_dir: Path, state: dict[str, Any] | None) -> dict
             for n in names
         ]
         actors += workers
+        hosts = _place_sandbox_hosts(cfg, host_cls, workers)
+        actors += hosts
         refs = [
             r.train.remote(
                 cfg_dict, str(run_dir), state, i, c.trainer_ranks, master, (urls, workers, names) if i == 0 else None
@@ -299,6 +399,11 @@ def run_on_ray(cfg: Config, run_dir: Path, state: dict[str, Any] | None) -> dict
         results = ray.get(refs)
         return dict(results[0])
     finally:
+        for h in hosts:
+            try:
+                ray.get(h.shutdown.remote(), timeout=60)  # its containers, leased ones too
+            except Exception:  # a dead host's containers are reaped by the next pool on that Docker engine
+                pass
         for e in engines:
             try:
                 ray.get(e.stop.remote(), timeout=60)

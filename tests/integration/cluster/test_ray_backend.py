@@ -6,16 +6,12 @@ episodes into infra errors and the run goes on. The same config then runs with c
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-
-from tests._require import missing
 
 pytestmark = [pytest.mark.vllm, pytest.mark.deepspeed, pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -61,30 +57,6 @@ def overrides(run_dir: Path, backend: str, address: str = "") -> list[str]:
             "cluster.rollout_resources={num_cpus: 1}",
         ]
     return out
-
-
-@pytest.fixture(scope="module")
-def ray_cluster() -> Iterator[Any]:
-    try:
-        import ray
-        from ray.cluster_utils import Cluster
-    except ImportError as e:
-        missing("ray", f"import failed ({e}); run `bash scripts/setup.sh`")
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    mem = 100 * 2**20
-    # node A: 2 trainer ranks + 1 rollout worker; node B: the engine + 1 rollout worker (capacity forces the spread)
-    cluster = Cluster(
-        initialize_head=True,
-        head_node_args=dict(num_cpus=3, resources={"node_a": 2}, include_dashboard=False, object_store_memory=mem),
-    )
-    cluster.add_node(num_cpus=2, resources={"node_b": 1}, object_store_memory=mem)
-    cluster.wait_for_nodes()
-    ray.init(address=cluster.address, namespace="sao")
-    try:
-        yield cluster
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
 
 
 def _kill_a_worker_after_step_1(run_dir: Path, killed: list[float]) -> None:

@@ -55,3 +55,18 @@ async def test_no_live_worker_left_is_an_infra_error_not_a_crash() -> None:
     await runner.run_one(Episode(0, None, 0, "t0"))
     t = await runner.run_one(Episode(1, None, 1, "t1"))
     assert t.status == "infra_error" and "no live rollout worker" in t.info["infra_error"]
+
+
+async def test_a_worker_whose_sandbox_host_is_lost_gets_no_more_episodes() -> None:
+    class LostHostWorker(FakeWorker):
+        async def _run_one(self, ep: Episode) -> Trajectory:
+            self.calls += 1
+            info = {"infra_error": "sandbox host sao-sandbox-1 is gone", "sandbox_host_lost": "gone"}
+            return Trajectory(ep.task_id or "t", "sao/TokenGame-v0", (), 0.0, "infra_error", info, {})
+
+    a, b = FakeWorker("a"), LostHostWorker("b")
+    runner = RayRolloutRunner([a, b], ["sao-rollout-0", "sao-rollout-1"], "sao/TokenGame-v0")
+    first = await asyncio.gather(*(runner.run_one(Episode(i, None, i, f"t{i}")) for i in range(2)))
+    assert sorted(t.status for t in first) == ["infra_error", "ok"]
+    later = await asyncio.gather(*(runner.run_one(Episode(i, None, i, f"t{i}")) for i in range(2, 6)))
+    assert all(t.status == "ok" for t in later) and b.calls == 1
