@@ -14,19 +14,28 @@ same env, and differ only in the scheduling the trainer config selects:
 
 Measured from each run's metrics.jsonl over the steps after ``warmup_steps`` (the first steps fill the pipeline):
 trajectories trained per second, the trainer's idle fraction (time waiting for a batch / step time, weighted by
-step time), mean policy lag of trained trajectories, dropped-stale counts; ratios against ``sync_grpo``.
+step time), mean policy lag of trained trajectories, dropped-stale counts; ratios against ``sync_grpo``. Inside each
+variant's process ``benchmarks.throughput_probe`` also times the learner's phases (critic values, old-policy
+recompute, actor step, critic steps) and samples the CPU used by the trainer process, the vLLM server, the Docker
+sandboxes and the whole machine, so the report can say which resource binds. A variant may set ``threads`` (torch
+threads of the trainer process, e.g. 1 so that it does not fight the vLLM server for the core that server binds).
+Every ``algorithm: sao`` variant is checked against the goal; several of them at different concurrency give the
+idle-vs-lag frontier (``throughput_frontier.png``).
 Writes ``throughput.json``, ``throughput.png`` (bar charts) and each run's directory under ``--out``.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchmarks import throughput_probe
 from benchmarks.rl_bench_common import (
     deep_update,
     env_texts,
@@ -87,7 +96,30 @@ def summarize(rows: list[dict[str, Any]], warmup: int) -> dict[str, float]:
         "steps": float(len(rows)),
         "steady_steps": float(len(window)),
         "steady_s": secs,
+        **_phase_means(window),
     }
+
+
+PHASE_KEYS = ("time_learner_s", "time_values_s", "time_old_logp_s", "time_actor_s", "time_critic_s")
+BENCH_KEYS = ("label", "threads")
+"""Variant keys the bench reads itself (not trainer config)."""
+
+
+def _phase_means(window: list[dict[str, Any]]) -> dict[str, float]:
+    """Mean per step of the learner's phase times (rows written with ``throughput_probe.time_learner_phases``)."""
+    return {k: sum(float(r[k]) for r in window) / len(window) for k in PHASE_KEYS if all(k in r for r in window)}
+
+
+def steady_cores(rows: list[dict[str, Any]], samples: list[dict[str, float]], warmup: int) -> dict[str, float]:
+    """Cores used per part (trainer, vLLM, sandboxes, machine) over the steady steps: from the end of the learner
+    step that closes the warm-up to the end of the last one (the whole run if the rows lack ``learner_end``)."""
+    w = warmup if len(rows) > warmup + 1 else 0
+    if samples and all("learner_end" in r for r in rows):
+        ends = [float(r["learner_end"]) for r in rows]
+        return throughput_probe.cores_used(samples, ends[w - 1] if w else samples[0]["t"], ends[-1])
+    if samples:
+        return throughput_probe.cores_used(samples, samples[0]["t"], samples[-1]["t"])
+    return {}
 
 
 def _scaled(cfg: dict[str, Any], scale: float) -> dict[str, Any]:
@@ -133,7 +165,7 @@ def variant_configs(
         raise ValueError(f"unknown variant(s) {unknown}; {bc.config} defines {list(variants)}")
     out: dict[str, Any] = {}
     for name in names:
-        v = {k: val for k, val in variants[name].items() if k not in ("label",)}
+        v = {k: val for k, val in variants[name].items() if k not in BENCH_KEYS}
         cfg = _scaled(deep_update(base, v), bc.scale)
         run = cfg.setdefault("run", {})
         steps = bc.steps if bc.steps is not None else int(run.get("total_steps", 30))
@@ -182,20 +214,98 @@ def plot(results: dict[str, dict[str, Any]], path: Path, title: str) -> Path:
     return path
 
 
-def _train_in_fresh_process(cfg: dict[str, Any], run_dir: Path) -> tuple[list[dict[str, Any]], float]:
+def plot_frontier(results: dict[str, dict[str, Any]], path: Path, title: str) -> Path:
+    """The idle-vs-lag frontier: each variant at (mean lag, trainer idle), annotated with its x sync GRPO."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for r in results.values():
+        s = r["summary"]
+        sao = r["algorithm"] == "sao"
+        ax.scatter(s["policy_lag_mean"], 100 * s["trainer_idle_frac"], s=60, marker="o" if sao else "s",
+                   color="#d62728" if sao else "#1f77b4")  # fmt: skip
+        ax.annotate(
+            f"{r['label']}\n{s['ratio_vs_sync_grpo']:.2f}x, {s['trained_per_s']:.3f}/s",
+            (s["policy_lag_mean"], 100 * s["trainer_idle_frac"]), textcoords="offset points", xytext=(6, 4),
+            fontsize=7,
+        )  # fmt: skip
+    ax.axhline(100 * GOAL_IDLE, color="gray", ls="--", lw=1)
+    ax.axvline(GOAL_LAG, color="gray", ls="--", lw=1)
+    ax.fill_between([0, GOAL_LAG], 0, 100 * GOAL_IDLE, color="#2ca02c", alpha=0.08, label="goal: idle < 10%, lag <= 2")
+    ax.set_xlabel("mean policy lag of trained trajectories (versions)")
+    ax.set_ylabel("trainer idle, % of step time")
+    ax.set_xlim(left=-0.1)
+    ax.set_ylim(bottom=-2)
+    ax.legend(fontsize=8, loc="upper right")
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+def _train_in_fresh_process(cfg: dict[str, Any], run_dir: Path, threads: int) -> dict[str, Any]:
     """One variant's `sao train` in a spawned process: a variant does not inherit the memory of the previous one
     (two SmolLM2 runs in one process were OOM-killed on a 24 GiB machine) nor its threads or servers."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
     with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return pool.submit(_variant_child, cfg, run_dir).result()
+        return pool.submit(_variant_child, cfg, run_dir, threads).result()
 
 
-def _variant_child(cfg: dict[str, Any], run_dir: Path) -> tuple[list[dict[str, Any]], float]:
+def _variant_child(cfg: dict[str, Any], run_dir: Path, threads: int) -> dict[str, Any]:
+    import torch
+
     import benchmarks.latency_env  # noqa: F401  (registers sao/Latency-v0 in the fresh process)
 
-    return train_run(cfg, run_dir)
+    if threads:
+        torch.set_num_threads(threads)
+    throughput_probe.time_learner_phases()
+    sampler = throughput_probe.CpuSampler().start()
+    try:
+        rows, wall = train_run(cfg, run_dir)
+    finally:
+        samples = sampler.stop()
+    return {
+        "rows": rows,
+        "wall_s": wall,
+        "samples": samples,
+        "sandboxes_measured": sampler.containers_measured,
+        "torch_threads": torch.get_num_threads(),
+        "cpu_count": os.cpu_count() or 1,
+    }
+
+
+def goal_check(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The issue's goal checked for every SAO variant; ``met`` if one of them reaches it."""
+    per = {}
+    for name, r in results.items():
+        if r["algorithm"] != "sao":
+            continue
+        s = r["summary"]
+        per[name] = {
+            "ratio": s["ratio_vs_sync_grpo"],
+            "idle": s["trainer_idle_frac"],
+            "lag": s["policy_lag_mean"],
+            "within_idle_lag": bool(s["trainer_idle_frac"] < GOAL_IDLE and s["policy_lag_mean"] <= GOAL_LAG),
+            "met": bool(
+                s["ratio_vs_sync_grpo"] >= GOAL_RATIO
+                and s["trainer_idle_frac"] < GOAL_IDLE
+                and s["policy_lag_mean"] <= GOAL_LAG
+            ),
+        }
+    inside = [n for n, g in per.items() if g["within_idle_lag"] and math.isfinite(g["ratio"])]
+    best = max(inside, key=lambda n: per[n]["ratio"]) if inside else None
+    return {"variants": per, "met": any(g["met"] for g in per.values()), "best_within_idle_lag": best}
+
+
+def _fmt(x: float | None, spec: str) -> str:
+    return "-" if x is None or not math.isfinite(x) else format(x, spec)
 
 
 def run(bc: ThroughputConfig, echo: Callable[[str], None] = print) -> dict[str, Any]:
@@ -218,18 +328,39 @@ def run(bc: ThroughputConfig, echo: Callable[[str], None] = print) -> dict[str, 
         )
     else:
         echo(f"env {first['env']['id']}, model {first['model']['path']}, engine {first['rollout'].get('engine', 'hf')}")
-    echo(f"variants: {', '.join(cfgs)}")
+    echo(f"variants: {', '.join(cfgs)}; load average at start {os.getloadavg()[0]:.1f}")
     results: dict[str, dict[str, Any]] = {}
     t_all = time.perf_counter()
     for name, cfg in cfgs.items():
         label = str(spec["variants"][name].get("label", name))
+        threads = int(spec["variants"][name].get("threads", 0))
         echo(f"[{name}] {label}: {cfg['run']['total_steps']} steps ...")
-        rows, wall = _train_in_fresh_process(cfg, bc.out / "runs" / name)
+        load0 = os.getloadavg()[0]
+        child = _train_in_fresh_process(cfg, bc.out / "runs" / name, threads)
+        rows = child["rows"]
         s = summarize(rows, bc.warmup_steps)
-        results[name] = {"label": label, "wall_s": wall, "summary": s, "config": cfg}
+        cores = steady_cores(rows, child["samples"], bc.warmup_steps)
+        results[name] = {
+            "label": label,
+            "algorithm": str(cfg.get("trainer", {}).get("algorithm", "sao")),
+            "concurrency": int(cfg.get("rollout", {}).get("concurrency", 0)),
+            "torch_threads": child["torch_threads"],
+            "wall_s": child["wall_s"],
+            "load_avg_1m": {"start": load0, "end": os.getloadavg()[0]},
+            "summary": s,
+            "cores": cores,
+            "cpu_count": child["cpu_count"],
+            "sandboxes_measured": child["sandboxes_measured"],
+            "config": cfg,
+        }
+        (bc.out / "runs" / f"{name}.cpu.json").write_text(json.dumps(child["samples"]))
         echo(
-            f"[{name}] {s['trained_per_s']:.2f} traj/s, idle {s['trainer_idle_frac']:.3f}, "
-            f"lag {s['policy_lag_mean']:.2f}, {wall:.0f}s"
+            f"[{name}] {s['trained_per_s']:.3f} traj/s, idle {s['trainer_idle_frac']:.3f}, "
+            f"lag {s['policy_lag_mean']:.2f}, learner {_fmt(s.get('time_learner_s'), '.1f')} s/step "
+            f"(actor {_fmt(s.get('time_actor_s'), '.1f')}, critic {_fmt(s.get('time_critic_s'), '.1f')}, "
+            f"values {_fmt(s.get('time_values_s'), '.1f')}), cores: trainer {_fmt(cores.get('trainer'), '.2f')} "
+            f"vLLM {_fmt(cores.get('vllm'), '.2f')} sandboxes {_fmt(cores.get('sandboxes'), '.2f')} "
+            f"machine {_fmt(cores.get('machine'), '.2f')}/{child['cpu_count']}, {child['wall_s']:.0f}s"
         )
     base = results.get(BASELINE, {}).get("summary", {}).get("trained_per_s")
     for r in results.values():
@@ -238,35 +369,41 @@ def run(bc: ThroughputConfig, echo: Callable[[str], None] = print) -> dict[str, 
     table = [
         [
             r["label"],
-            f"{r['summary']['trained_per_s']:.2f}",
+            f"{r['summary']['trained_per_s']:.3f}",
             f"{r['summary']['ratio_vs_sync_grpo']:.2f}",
             f"{100 * r['summary']['trainer_idle_frac']:.1f}%",
             f"{r['summary']['policy_lag_mean']:.2f}",
             str(int(r["summary"]["policy_lag_max"])),
             str(int(r["summary"]["dropped_stale"])),
-            f"{r['summary']['step_s_mean']:.2f}",
+            f"{r['summary']['step_s_mean']:.1f}",
         ]
         for r in results.values()
     ]
     echo("")
     print_table(headers, table, echo)
-    goal: dict[str, Any] = {}
-    if "sao" in results and base:
-        s = results["sao"]["summary"]
-        goal = {
-            "ratio": s["ratio_vs_sync_grpo"],
-            "idle": s["trainer_idle_frac"],
-            "lag": s["policy_lag_mean"],
-            "met": bool(
-                s["ratio_vs_sync_grpo"] >= GOAL_RATIO
-                and s["trainer_idle_frac"] < GOAL_IDLE
-                and s["policy_lag_mean"] <= GOAL_LAG
-            ),
-        }
+    echo("\nwhere the time and the CPU go (steady steps; learner phases in s per step, CPU in cores busy):")
+    headers2 = ["variant", "learner s", "actor", "old logp", "critic values", "critic steps", "trainer CPU",
+                "vLLM CPU", "sandbox CPU", "machine CPU"]  # fmt: skip
+    table2 = [
+        [
+            r["label"],
+            *(_fmt(r["summary"].get(k), ".1f") for k in PHASE_KEYS[:2]),
+            *(_fmt(r["summary"].get(k), ".1f") for k in ("time_old_logp_s", "time_values_s", "time_critic_s")),
+            *(_fmt(r["cores"].get(k), ".2f") for k in ("trainer", "vllm", "sandboxes")),
+            f"{_fmt(r['cores'].get('machine'), '.2f')} of {r['cpu_count']}",
+        ]
+        for r in results.values()
+    ]
+    print_table(headers2, table2, echo)
+    goal: dict[str, Any] = goal_check(results) if base else {}
+    if goal.get("variants"):
         echo(
             f"\ngoal (SAO >= {GOAL_RATIO:g}x sync GRPO, idle < {GOAL_IDLE:.0%}, mean lag <= {GOAL_LAG:g}): "
-            f"{'MET' if goal['met'] else 'NOT MET'} ({goal['ratio']:.2f}x, idle {goal['idle']:.1%}, "
-            f"lag {goal['lag']:.2f})"
+            f"{'MET' if goal['met'] else 'NOT MET'}; "
+            + "; ".join(
+                f"{results[n]['label']}: {g['ratio']:.2f}x, idle {g['idle']:.1%}, lag {g['lag']:.2f}"
+                for n, g in goal["variants"].items()
+            )
         )
     doc = {
         "benchmark": "throughput",
@@ -284,5 +421,6 @@ def run(bc: ThroughputConfig, echo: Callable[[str], None] = print) -> dict[str, 
         else str(spec.get("title", f"{first['env']['id']}, {first['model']['path']}"))
     )
     png = plot(results, bc.out / "throughput.png", title)
-    echo(f"\nwrote {bc.out / 'throughput.json'} and {png}")
+    frontier = plot_frontier(results, bc.out / "throughput_frontier.png", title)
+    echo(f"\nwrote {bc.out / 'throughput.json'}, {png} and {frontier}")
     return doc

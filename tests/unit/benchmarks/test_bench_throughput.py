@@ -75,7 +75,12 @@ def test_the_real_parts_config_gives_valid_trainer_configs_without_the_latency_e
     assert not uses_latency_env(spec) and uses_latency_env(load_yaml(ROOT / "configs/bench/throughput.yaml"))
     cfgs = variant_configs(ThroughputConfig(out=tmp_path, steps=3), spec, None, None)
     parsed = {name: config_from_dict(c) for name, c in cfgs.items()}
-    assert {n: p.trainer.algorithm for n, p in parsed.items()} == {"sync_grpo": "grpo", "sao": "sao"}
+    algos = {n: p.trainer.algorithm for n, p in parsed.items()}
+    assert algos.pop("sync_grpo") == "grpo" and set(algos.values()) == {"sao"} and "sao" in algos
+    # the frontier: SAO at several in-flight levels for one batch size; `threads` is the bench's, not the trainer's
+    assert len({parsed[n].rollout.concurrency for n in algos}) >= 3
+    assert len({parsed[n].trainer.batch_size for n in parsed}) == 1
+    assert all("threads" not in c and "label" not in c for c in cfgs.values())
     assert all(p.rollout.engine == "vllm" and p.env.id == "sao/PythonTool-v0" for p in parsed.values())
     assert all(p.run.total_steps == 3 and p.model.tokenizer is None for p in parsed.values())
     with pytest.raises(ValueError, match="latency"):
@@ -130,3 +135,60 @@ def test_word_tokenizer_encodes_env_text_and_actions_as_single_tokens(tmp_path: 
     assert chat.endswith("<|im_start|>assistant\n")
     assert tok.decode(tok.encode("Turn 1 ?", add_special_tokens=False)) == "Turn 1 ?"
     assert tok.encode("what", add_special_tokens=False) == [tok.unk_token_id]
+
+
+def test_phase_means_and_steady_cores_use_the_steps_after_warmup() -> None:
+    from benchmarks.bench_throughput import steady_cores
+
+    rows = [_row(1, 10.0, 0.5, 0.0, 4), _row(2, 10.0, 0.0, 1.0, 8), _row(3, 10.0, 0.0, 1.0, 12)]
+    for i, r in enumerate(rows):
+        r.update(time_learner_s=5.0 + i, time_actor_s=2.0, time_critic_s=1.0 + i, learner_end=100.0 + 10 * i)
+    s = summarize(rows, warmup=1)
+    assert s["time_learner_s"] == pytest.approx(6.5) and s["time_critic_s"] == pytest.approx(2.5)
+    assert "time_values_s" not in s  # not in the rows: left out, not invented
+    # cumulative CPU seconds sampled each 5 s from t = 95: the trainer busy 1 core until t = 100, then 2
+    samples = [
+        {"t": 95.0 + 5 * k, "trainer": 5.0 * min(k, 1) + 10.0 * max(k - 1, 0), "vllm": 2.5 * k, "sandboxes": 0.0,
+         "other_children": 0.0, "machine": 10.0 * k}
+        for k in range(8)
+    ]  # fmt: skip
+    c = steady_cores(rows, samples, warmup=1)  # window = end of step 1 (t=100) .. end of step 3 (t=120)
+    assert c["window_s"] == pytest.approx(20.0)
+    assert c["trainer"] == pytest.approx(2.0)  # the warm-up's 1 core is left out
+    assert c["vllm"] == pytest.approx(0.5) and c["machine"] == pytest.approx(2.0)
+    assert steady_cores(rows, [], warmup=1) == {}
+
+
+def test_goal_is_checked_for_every_sao_variant() -> None:
+    from benchmarks.bench_throughput import goal_check
+
+    def res(algo: str, ratio: float, idle: float, lag: float) -> dict[str, object]:
+        s = {"ratio_vs_sync_grpo": ratio, "trainer_idle_frac": idle, "policy_lag_mean": lag}
+        return {"algorithm": algo, "summary": s}
+
+    g = goal_check(
+        {"sync_grpo": res("grpo", 1.0, 0.2, 0.0), "a": res("sao", 0.6, 0.0, 1.0), "b": res("sao", 3.5, 0.3, 1.0)}
+    )
+    assert set(g["variants"]) == {"a", "b"} and not g["met"] and g["best_within_idle_lag"] == "a"
+    g = goal_check({"c": res("sao", 3.1, 0.05, 2.0), "d": res("sao", 4.0, 0.05, 2.5)})
+    assert g["met"] and g["best_within_idle_lag"] == "c" and not g["variants"]["d"]["met"]
+
+
+def test_cpu_sampler_sees_a_busy_child_process_and_the_machine() -> None:
+    import subprocess
+    import sys
+
+    from benchmarks.throughput_probe import CpuSampler, cores_used
+
+    sampler = CpuSampler(period_s=0.2).start()
+    burn = "import time\nwhile time.process_time() < 1.0: pass"  # 1 s of CPU, however loaded the machine is
+    child = subprocess.Popen([sys.executable, "-c", burn])
+    child.wait()
+    samples = sampler.stop()
+    assert len(samples) >= 3 and samples[-1]["t"] > samples[0]["t"]
+    # the loop used 1 s of CPU; sampled every 0.2 s, all but its last period's is seen (its last value is kept)
+    assert 0.6 <= samples[-1]["other_children"] - samples[0]["other_children"] <= 1.3
+    assert samples[-1]["vllm"] == 0.0
+    assert samples[-1]["machine"] - samples[0]["machine"] >= 0.6
+    c = cores_used(samples, samples[0]["t"], samples[-1]["t"])
+    assert 0.0 < c["other_children"] <= 1.05 and c["window_s"] >= 0.8
