@@ -1,7 +1,9 @@
 """``TokenGameEnv`` (``sao/TokenGame-v0``): a cheap multi-turn toy game for learning tests (no sandbox).
 
-Rules. An episode has ``turns`` turns (default 3). Each turn the env shows one symbol drawn from ``symbols``
-(default ``A B C``); the rewarded action is determined by that turn's observation:
+Rules. An episode has ``turns`` turns (default 3); a list (``turns=[1, 4]``) makes each task draw its length
+from it, uniformly (prompts of very different difficulty when the reward needs every turn right). Each turn the
+env shows one symbol drawn from ``symbols`` (default ``A B C``); the rewarded action is determined by that
+turn's observation:
 - ``rule="copy"`` (default): answer with the symbol shown;
 - ``rule="next"``: answer with the symbol after it in ``symbols`` (cyclic), which needs a learned mapping;
 - ``rule="mixed"``: each task draws ``copy`` or ``next`` (``next`` with probability ``next_share``) and the prompt
@@ -40,7 +42,7 @@ class TokenGameEnv(MultiTurnEnv):
 
     def __init__(
         self,
-        turns: int = 3,
+        turns: int | list[int] = 3,
         symbols: str | list[str] = "ABC",
         rule: str = "copy",
         reward: str = "all",
@@ -49,8 +51,9 @@ class TokenGameEnv(MultiTurnEnv):
         next_share: float = 0.5,
     ) -> None:
         syms = list(symbols.split() if isinstance(symbols, str) and " " in symbols else symbols)
-        if turns < 1:
-            raise ValueError(f"TokenGame turns must be >= 1, got {turns}")
+        lengths = [int(t) for t in (turns if isinstance(turns, list | tuple) else [turns])]
+        if not lengths or min(lengths) < 1:
+            raise ValueError(f"TokenGame turns must be >= 1 (or a list of such lengths), got {turns}")
         if len(syms) < 2 or len(set(s.lower() for s in syms)) != len(syms) or any(not s.isascii() for s in syms):
             raise ValueError(f"TokenGame symbols must be >= 2 distinct ASCII words, got {syms!r}")
         if rule not in ("copy", "next", "mixed"):
@@ -60,8 +63,9 @@ class TokenGameEnv(MultiTurnEnv):
         if reward not in ("all", "partial"):
             raise ValueError(f"TokenGame reward must be 'all' or 'partial', got {reward!r}")
         # The episode ends by itself after `turns` steps; wrong answers are not format errors.
-        super().__init__(max_steps=turns + 1, max_wall_s=max_wall_s, max_format_errors=max_format_errors)
-        self.turns, self.symbols, self.rule, self.reward_mode = int(turns), syms, rule, reward
+        super().__init__(max_steps=max(lengths) + 1, max_wall_s=max_wall_s, max_format_errors=max_format_errors)
+        self.lengths = sorted(set(lengths))
+        self.turns, self.symbols, self.rule, self.reward_mode = max(lengths), syms, rule, reward
         self.next_share = float(next_share)
         self._task_rule = "next" if rule == "next" else "copy"
         self._seq: list[str] = []
@@ -69,9 +73,8 @@ class TokenGameEnv(MultiTurnEnv):
         self._correct: list[bool] = []
 
     def sample_task(self, rng: np.random.Generator) -> dict[str, Any]:
-        task: dict[str, Any] = {
-            "sequence": [self.symbols[int(i)] for i in rng.integers(0, len(self.symbols), size=self.turns)]
-        }
+        n = self.turns if len(self.lengths) == 1 else self.lengths[int(rng.integers(0, len(self.lengths)))]
+        task: dict[str, Any] = {"sequence": [self.symbols[int(i)] for i in rng.integers(0, len(self.symbols), size=n)]}
         if self.rule == "mixed":
             task["rule"] = "next" if float(rng.random()) < self.next_share else "copy"
         return task
@@ -90,9 +93,10 @@ class TokenGameEnv(MultiTurnEnv):
             raise ValueError("TokenGame task must be a dict with a 'sequence' field (a list of symbols)")
         seq = [str(s) for s in task["sequence"]]
         bad = [s for s in seq if s not in self.symbols]
-        if len(seq) != self.turns or bad:
+        if len(seq) not in self.lengths or bad:
             raise ValueError(
-                f"TokenGame task 'sequence' must hold {self.turns} symbols from {self.symbols}, got {seq!r}"
+                f"TokenGame task 'sequence' must hold {' or '.join(map(str, self.lengths))} symbols from "
+                f"{self.symbols}, got {seq!r}"
             )
         rule = str(task.get("rule", "copy" if self.rule == "mixed" else self.rule))
         if rule not in ("copy", "next") or (self.rule != "mixed" and rule != self.rule):
@@ -110,7 +114,7 @@ class TokenGameEnv(MultiTurnEnv):
         return f"{intro}\n{self._turn_text(0)}", info
 
     def _turn_text(self, i: int) -> str:
-        return f"Turn {i + 1}/{self.turns}: {self._seq[i]}"
+        return f"Turn {i + 1}/{len(self._seq)}: {self._seq[i]}"
 
     @staticmethod
     def read_answer(action: str) -> str:
@@ -124,9 +128,9 @@ class TokenGameEnv(MultiTurnEnv):
         self._answers.append(answer)
         self._correct.append(ok)
         info: dict[str, Any] = {"turn_correct": ok}
-        last = i + 1 == self.turns
+        last = i + 1 == len(self._seq)
         if self.reward_mode == "partial":
-            reward = (1.0 / self.turns) if ok else 0.0
+            reward = (1.0 / len(self._seq)) if ok else 0.0
         else:
             reward = 1.0 if last and all(self._correct) else 0.0
         if not last:

@@ -91,3 +91,22 @@ async def test_async_api_and_sync_inside_loop_error() -> None:
     with pytest.raises(RuntimeError, match="areset"):
         env.reset(seed=0)
     await env.aclose()
+
+
+def test_a_list_of_turns_gives_tasks_of_each_length() -> None:
+    env = TokenGameEnv(turns=[1, 4], symbols="AB", reward="partial")
+    lengths = set()
+    for seed in range(40):
+        obs, info = env.reset(seed=seed)
+        n = len(info["task_id"].split("-"))
+        lengths.add(n)
+        assert obs.endswith(f"Turn 1/{n}: {info['task_id'].split('-')[0]}")
+        rewards, last = play(env, [s for s in info["task_id"].split("-")])
+        assert rewards == [1.0 / n] * n and last["solved"] is True
+    assert lengths == {1, 4}
+    with pytest.raises(ValueError, match="1 or 4 symbols"):
+        env.reset(options={"task": {"sequence": ["A", "B"]}})
+    with pytest.raises(ValueError, match="turns must be >= 1"):
+        TokenGameEnv(turns=[])
+    # one length keeps the seeded tasks it drew before lists existed
+    assert TokenGameEnv(turns=[3]).reset(seed=5)[1]["task_id"] == TokenGameEnv(turns=3).reset(seed=5)[1]["task_id"]
