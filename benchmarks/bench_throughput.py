@@ -20,8 +20,9 @@ recompute, actor step, critic steps) and samples the CPU used by the trainer pro
 sandboxes and the whole machine, so the report can say which resource binds. A variant may set ``threads`` (torch
 threads of the trainer process, e.g. 1 so that it does not fight the vLLM server for the core that server binds).
 Every ``algorithm: sao`` variant is checked against the goal; several of them at different concurrency give the
-idle-vs-lag frontier (``throughput_frontier.png``).
-Writes ``throughput.json``, ``throughput.png`` (bar charts) and each run's directory under ``--out``.
+idle-vs-lag frontier.
+Writes ``throughput.json``, ``throughput.png`` (bar charts and the idle-vs-lag panel) and each run's directory
+under ``--out``.
 """
 
 from __future__ import annotations
@@ -195,17 +196,18 @@ def plot(results: dict[str, dict[str, Any]], path: Path, title: str) -> Path:
         ("trainer_idle_frac", "trainer idle fraction", GOAL_IDLE),
         ("policy_lag_mean", "mean policy lag (versions)", GOAL_LAG),
     )
-    fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
-    colors = ["#1f77b4", "#d62728", "#ff7f0e", "#2ca02c", "#9467bd"]
-    for ax, (key, ylabel, goal) in zip(axes, panels, strict=True):
+    fig, axes = plt.subplots(1, 4, figsize=(16, 3.8))
+    colors = ["#1f77b4", "#d62728", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"]
+    for ax, (key, ylabel, goal) in zip(axes[:3], panels, strict=True):
         vals = [results[n]["summary"][key] for n in names]
-        bars = ax.bar(range(len(names)), vals, color=colors[: len(names)])
+        bars = ax.bar(range(len(names)), vals, color=[colors[i % len(colors)] for i in range(len(names))])
         for b, v in zip(bars, vals, strict=True):
-            ax.annotate(f"{v:.2f}", (b.get_x() + b.get_width() / 2, v), ha="center", va="bottom", fontsize=8)
+            ax.annotate(f"{v:.3g}", (b.get_x() + b.get_width() / 2, v), ha="center", va="bottom", fontsize=8)
         if goal is not None:
             ax.axhline(goal, color="gray", ls="--", lw=1)
         ax.set_xticks(range(len(names)), labels, rotation=15, fontsize=8)
         ax.set_title(ylabel, fontsize=9)
+    _frontier(axes[3], results)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -214,38 +216,25 @@ def plot(results: dict[str, dict[str, Any]], path: Path, title: str) -> Path:
     return path
 
 
-def plot_frontier(results: dict[str, dict[str, Any]], path: Path, title: str) -> Path:
+def _frontier(ax: Any, results: dict[str, dict[str, Any]]) -> None:
     """The idle-vs-lag frontier: each variant at (mean lag, trainer idle), annotated with its x sync GRPO."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
     for r in results.values():
         s = r["summary"]
-        sao = r["algorithm"] == "sao"
-        ax.scatter(s["policy_lag_mean"], 100 * s["trainer_idle_frac"], s=60, marker="o" if sao else "s",
+        sao = r.get("algorithm", "sao") == "sao"
+        ax.scatter(s["policy_lag_mean"], 100 * s["trainer_idle_frac"], s=40, marker="o" if sao else "s",
                    color="#d62728" if sao else "#1f77b4")  # fmt: skip
         ax.annotate(
-            f"{r['label']}\n{s['ratio_vs_sync_grpo']:.2f}x, {s['trained_per_s']:.3f}/s",
-            (s["policy_lag_mean"], 100 * s["trainer_idle_frac"]), textcoords="offset points", xytext=(6, 4),
+            f"{r['label']}: {s.get('ratio_vs_sync_grpo', float('nan')):.2f}x",
+            (s["policy_lag_mean"], 100 * s["trainer_idle_frac"]), textcoords="offset points", xytext=(5, 3),
             fontsize=7,
         )  # fmt: skip
-    ax.axhline(100 * GOAL_IDLE, color="gray", ls="--", lw=1)
-    ax.axvline(GOAL_LAG, color="gray", ls="--", lw=1)
-    ax.fill_between([0, GOAL_LAG], 0, 100 * GOAL_IDLE, color="#2ca02c", alpha=0.08, label="goal: idle < 10%, lag <= 2")
-    ax.set_xlabel("mean policy lag of trained trajectories (versions)")
-    ax.set_ylabel("trainer idle, % of step time")
+    ax.fill_between([0, GOAL_LAG], 0, 100 * GOAL_IDLE, color="#2ca02c", alpha=0.12, label="goal: idle < 10%, lag <= 2")
+    ax.set_xlabel("mean policy lag (versions)", fontsize=8)
+    ax.set_ylabel("trainer idle, %", fontsize=8)
     ax.set_xlim(left=-0.1)
     ax.set_ylim(bottom=-2)
-    ax.legend(fontsize=8, loc="upper right")
-    ax.set_title(title, fontsize=9)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return path
+    ax.legend(fontsize=7, loc="upper right")
+    ax.set_title("idle vs lag (x sync GRPO)", fontsize=9)
 
 
 def _train_in_fresh_process(cfg: dict[str, Any], run_dir: Path, threads: int) -> dict[str, Any]:
@@ -421,6 +410,5 @@ def run(bc: ThroughputConfig, echo: Callable[[str], None] = print) -> dict[str, 
         else str(spec.get("title", f"{first['env']['id']}, {first['model']['path']}"))
     )
     png = plot(results, bc.out / "throughput.png", title)
-    frontier = plot_frontier(results, bc.out / "throughput_frontier.png", title)
-    echo(f"\nwrote {bc.out / 'throughput.json'}, {png} and {frontier}")
+    echo(f"\nwrote {bc.out / 'throughput.json'} and {png}")
     return doc

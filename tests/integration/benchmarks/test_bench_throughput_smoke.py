@@ -44,5 +44,5 @@ def test_throughput_bench_smoke_times_the_learner_phases_and_the_cpu(
         assert c["vllm"] == 0 and c["sandboxes"] == 0  # in-process engine, no Docker in this env
         assert c["machine"] >= 0.5 * c["trainer"]  # the machine's count includes the trainer (sampling jitter aside)
     assert set(doc["goal"]["variants"]) == {"sao"}
-    assert (tmp_path / "throughput_frontier.png").stat().st_size > 0 and (tmp_path / "throughput.png").exists()
+    assert (tmp_path / "throughput.png").stat().st_size > 0
     assert json.loads((tmp_path / "runs" / "sao.cpu.json").read_text())[0]["trainer"] >= 0
