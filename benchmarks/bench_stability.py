@@ -60,7 +60,7 @@ class StabilityConfig:
     out: Path = Path("runs/bench/stability")
     config: Path = DEFAULT_CONFIG
     variants: tuple[str, ...] = ()
-    """Empty = every variant of the config file."""
+    """Empty = the config's ``default_variants`` (every variant when it has none)."""
     seeds: tuple[int, ...] = (0, 1, 2)
     steps: int | None = None
     """Policy steps per run (default: the config's run.total_steps)."""
@@ -68,6 +68,8 @@ class StabilityConfig:
     plateau: float = 0.9
     max_drop: float = 0.1
     report_only: bool = False
+    jobs: int = 1
+    """Runs at a time, each in its own worker process (1 = one after another in this process)."""
     overrides: dict[str, Any] = field(default_factory=dict)
 
 
@@ -162,44 +164,166 @@ def _done(run_dir: Path, steps: int) -> list[dict[str, Any]] | None:
     return rows if len(rows) >= steps and (run_dir / "final").exists() else None
 
 
+def _steps_written(run_dir: Path) -> int:
+    """Lines of ``run_dir/metrics.jsonl`` so far (a running run's progress; 0 before its first step)."""
+    try:
+        with open(run_dir / "metrics.jsonl", "rb") as f:
+            return sum(1 for _ in f)
+    except OSError:
+        return 0
+
+
+def _worker_init(log: str | None) -> None:
+    """A bench worker process: its output to ``log`` (the console keeps one progress line), one torch thread,
+    the bench algorithms registered, and a rendezvous port of its own (the parent's, inherited through the
+    environment, would clash between parallel workers)."""
+    import os
+    import sys
+
+    if log is not None:
+        Path(log).parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
+        for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT"):
+            os.environ.pop(key, None)  # trainer.distributed.ensure_launch_env picks a free port for this worker
+    tiny_model_threads(1)
+    register_bench_algorithms()
+
+
+def _warm_job(cfg: dict[str, Any], ws: dict[str, Any], out_dir: str, log: str | None) -> str:
+    _worker_init(log)
+    return str(warm_start({**cfg, "env": _warm_env(cfg)}, ws, Path(out_dir)))
+
+
+def _run_job(cfg: dict[str, Any], run_dir: str, log: str | None) -> tuple[int, float, list[float]]:
+    _worker_init(log)
+    rows, wall = train_run(cfg, Path(run_dir))
+    return len(rows), wall, _curve(rows, "success_rate")
+
+
+def _pool_map(
+    fn: Callable[..., Any],
+    calls: list[tuple[Any, ...]],
+    jobs: int,
+    each: Callable[[int, Any], None],
+    progress: Callable[[set[int]], None] | None = None,
+    every_s: float = 60.0,
+) -> None:
+    """``fn(*call)`` for every call: in this process when ``jobs`` is 1, else in ``jobs`` spawned worker
+    processes (a fresh process per call: a finished run's models and process group do not stay behind).
+    ``each(i, result)`` as call ``i`` finishes; ``progress(running)`` every ``every_s`` seconds meanwhile."""
+    if jobs <= 1:
+        for i, c in enumerate(calls):
+            each(i, fn(*c))
+        return
+    import multiprocessing
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(jobs, mp_context=ctx, max_tasks_per_child=1) as pool:
+        futs = {pool.submit(fn, *c): i for i, c in enumerate(calls)}
+        pending = set(futs)
+        while pending:
+            finished, pending = wait(pending, timeout=every_s, return_when=FIRST_COMPLETED)
+            for f in finished:
+                each(futs[f], f.result())
+            if pending and progress is not None:
+                progress({futs[f] for f in pending if f.running()})
+
+
 def run(sc: StabilityConfig, echo: Callable[[str], None] = print) -> dict[str, Any]:
-    """Every (variant, seed) run not already finished, then the summary table, JSON and plot."""
+    """Every (variant, seed) run not already finished, then the summary table, JSON and plot. With ``sc.jobs``
+    > 1 the warm starts, then the runs, go to that many worker processes (one torch thread each, output in
+    ``runs/<run>.log``), with one progress line a minute."""
     spec = deep_update(load_yaml(sc.config), sc.overrides)
-    variants = sc.variants or tuple(spec.get("variants", {}))
-    bad = [v for v in variants if v not in spec.get("variants", {})]
+    known = spec.get("variants", {})
+    variants = sc.variants or tuple(spec.get("default_variants") or known)
+    bad = [v for v in variants if v not in known]
     if bad:
-        raise ValueError(f"unknown variant(s) {bad}; {sc.config} defines {list(spec.get('variants', {}))}")
+        raise ValueError(f"unknown variant(s) {bad}; {sc.config} defines {list(known)}")
     if not sc.seeds:
         raise ValueError("--seeds needs at least one seed, e.g. 0,1,2")
     if not (0 < sc.plateau <= 1 and sc.max_drop > 0 and sc.window >= 1):
         raise ValueError("--plateau must be in (0, 1], --max-drop > 0 and --window >= 1")
+    if sc.jobs < 1:
+        raise ValueError(f"--jobs must be >= 1, got {sc.jobs}")
     steps = int(sc.steps or spec["base"].get("run", {}).get("total_steps", 1000))
     tiny_model_threads(1)
     register_bench_algorithms()
     sc.out.mkdir(parents=True, exist_ok=True)
     if not sc.report_only:
-        tokenizer, vocab = _tokenizer(spec, sc.out / "tokenizer")
-        t_all, total, done = time.perf_counter(), len(variants) * len(sc.seeds), 0
-        for seed in sc.seeds:
-            for variant in variants:
-                cfg = run_config(spec, variant, seed, steps, tokenizer, vocab)
-                run_dir = sc.out / "runs" / f"{variant}_seed{seed}"
-                done += 1
-                if _done(run_dir, steps) is not None:
-                    echo(f"[{done}/{total}] {variant} seed {seed}: already finished")
-                    continue
-                ws = spec.get("warm_start")
-                if ws:
-                    wcfg = {**cfg, "env": _warm_env(cfg)}
-                    cfg["model"]["path"] = str(warm_start(wcfg, ws, sc.out / "warm" / f"seed{seed}"))
-                rows, wall = train_run(cfg, run_dir)
-                s = stability_summary(_curve(rows, "success_rate"), sc.window, sc.plateau, sc.max_drop)
-                echo(
-                    f"[{done}/{total}] {variant} seed {seed}: {len(rows)} steps in {wall:.0f}s, plateau step "
-                    f"{s['plateau_step']}, largest drop {s['largest_drop_after_plateau']:.2f} "
-                    f"(elapsed {time.perf_counter() - t_all:.0f}s)"
-                )
+        _train_all(sc, spec, variants, steps, echo)
     return report(sc, spec, variants, echo)
+
+
+def _train_all(
+    sc: StabilityConfig, spec: dict[str, Any], variants: tuple[str, ...], steps: int, echo: Callable[[str], None]
+) -> None:
+    tokenizer, vocab = _tokenizer(spec, sc.out / "tokenizer")
+    t_all = time.perf_counter()
+    plan = [(v, seed) for seed in sc.seeds for v in variants]
+    todo: list[tuple[str, int]] = []
+    for k, (variant, seed) in enumerate(plan, 1):
+        if _done(sc.out / "runs" / f"{variant}_seed{seed}", steps) is not None:
+            echo(f"[{k}/{len(plan)}] {variant} seed {seed}: already finished")
+        else:
+            todo.append((variant, seed))
+    if not todo:
+        return
+    logs = sc.jobs > 1
+    ws = spec.get("warm_start")
+    models: dict[int, str] = {}
+    if ws:
+        seeds = sorted({seed for _, seed in todo})
+        warm_calls: list[tuple[Any, ...]] = []
+        for seed in seeds:
+            out_dir = sc.out / "warm" / f"seed{seed}"
+            log = str(sc.out / "warm" / f"seed{seed}.log") if logs else None
+            warm_calls.append((run_config(spec, todo[0][0], seed, steps, tokenizer, vocab), ws, str(out_dir), log))
+
+        def warm_done(i: int, model: str) -> None:
+            models[seeds[i]] = model
+
+        _pool_map(_warm_job, warm_calls, sc.jobs, warm_done)
+        echo(f"warm starts ({len(seeds)}) ready after {time.perf_counter() - t_all:.0f}s")
+    calls: list[tuple[Any, ...]] = []
+    for variant, seed in todo:
+        cfg = run_config(spec, variant, seed, steps, tokenizer, vocab)
+        if seed in models:
+            cfg["model"]["path"] = models[seed]
+        run_dir = sc.out / "runs" / f"{variant}_seed{seed}"
+        calls.append((cfg, str(run_dir), str(run_dir.with_name(run_dir.name + ".log")) if logs else None))
+    finished = 0
+
+    def one_done(i: int, res: tuple[int, float, list[float]]) -> None:
+        nonlocal finished
+        finished += 1
+        n, wall, success = res
+        s = stability_summary(success, sc.window, sc.plateau, sc.max_drop)
+        variant, seed = todo[i]
+        echo(
+            f"[{finished}/{len(todo)}] {variant} seed {seed}: {n} steps in {wall:.0f}s, plateau step "
+            f"{s['plateau_step']}, largest drop {s['largest_drop_after_plateau']:.2f} "
+            f"(elapsed {time.perf_counter() - t_all:.0f}s)"
+        )
+
+    def progress(running: set[int]) -> None:
+        done_steps = finished * steps
+        parts = []
+        for i in sorted(running):
+            n = _steps_written(Path(calls[i][1]))
+            done_steps += n
+            parts.append(f"{todo[i][0]} s{todo[i][1]} {n}/{steps}")
+        el = time.perf_counter() - t_all
+        total = len(todo) * steps
+        eta = f", ~{el / done_steps * (total - done_steps) / 60:.0f} min left" if done_steps else ""
+        echo(f"[{finished}/{len(todo)} runs done] {', '.join(parts)}; {el / 60:.1f} min{eta}")
+
+    _pool_map(_run_job, calls, sc.jobs, one_done, progress)
 
 
 def report(

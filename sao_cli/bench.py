@@ -208,6 +208,7 @@ def stability(
     plateau: float = typer.Option(0.9, help="smoothed success that counts as the plateau"),
     max_drop: float = typer.Option(0.1, help="the largest allowed fall below the running best after the plateau"),
     report_only: bool = typer.Option(False, "--report-only", help="only rebuild the table and plot from --out"),
+    jobs: int = typer.Option(2, help="runs at a time, each in a worker process with one torch thread"),
 ) -> None:
     """Long SAO runs at policy lag >= 4 vs GRPO without DIS: success, drop from best, entropy, EV, DIS masks."""
     from pathlib import Path
@@ -222,7 +223,7 @@ def stability(
         raise typer.BadParameter("--steps must be >= 0")
     sc = StabilityConfig(
         out=Path(out), config=Path(config), variants=_csv(variants), seeds=seed_list, steps=steps or None,
-        window=window, plateau=plateau, max_drop=max_drop, report_only=report_only,
+        window=window, plateau=plateau, max_drop=max_drop, report_only=report_only, jobs=jobs,
     )  # fmt: skip
     try:
         run(sc, echo=typer.echo)

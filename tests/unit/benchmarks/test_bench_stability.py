@@ -83,3 +83,33 @@ def test_bad_input_is_refused_before_any_run(tmp_path: Path, kw: dict[str, objec
     with pytest.raises(ValueError, match=match):
         run(StabilityConfig(out=tmp_path / "out", config=SPEC, **kw))  # type: ignore[arg-type]
     assert not (tmp_path / "out" / "runs").exists()
+
+
+def test_default_variants_and_jobs_are_checked(tmp_path: Path) -> None:
+    spec = load_yaml(SPEC)
+    assert spec["default_variants"] == ["sao", "grpo_async"] and set(spec["default_variants"]) <= set(spec["variants"])
+    with pytest.raises(ValueError, match="--jobs"):
+        run(StabilityConfig(out=tmp_path / "out", config=SPEC, jobs=0))
+    assert not (tmp_path / "out" / "runs").exists()
+
+
+def test_pool_map_runs_calls_in_workers_with_progress() -> None:
+    import operator
+    import time as _time
+
+    from benchmarks.bench_stability import _pool_map
+
+    got: dict[int, object] = {}
+    seen: list[set[int]] = []
+    _pool_map(operator.pow, [(2, 3), (3, 2), (5, 1)], 2, got.__setitem__)
+    assert got == {0: 8, 1: 9, 2: 5}
+    _pool_map(_time.sleep, [(1.0,), (1.0,)], 2, got.__setitem__, progress=seen.append, every_s=0.2)
+    assert seen and all(s <= {0, 1} for s in seen) and any(s for s in seen)  # progress while both still ran
+
+
+def test_steps_written_counts_metric_lines(tmp_path: Path) -> None:
+    from benchmarks.bench_stability import _steps_written
+
+    assert _steps_written(tmp_path) == 0
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n')
+    assert _steps_written(tmp_path) == 2
