@@ -25,6 +25,7 @@ train``): if the driver dies, Ray ends them all (an engine's vLLM server is ende
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 from pathlib import Path
@@ -161,6 +162,7 @@ class RolloutWorkerImpl:
         self.runner = EpisodeRunner(env_factory(cfg.env.id, cfg.env.kwargs), player, RunnerConfig(r.concurrency))
         self.sandboxes: SandboxHostClient | None = None
         self._stack: contextlib.AsyncExitStack | None = None
+        self._opening = asyncio.Lock()  # episodes arrive concurrently: open the pools once
 
     async def node_id(self) -> str:
         import ray
@@ -174,11 +176,14 @@ class RolloutWorkerImpl:
     async def _open(self) -> None:
         from sandboxes.pool import use_pools
 
-        stack = contextlib.AsyncExitStack()
-        if self.sandboxes is not None:
-            await stack.enter_async_context(use_pools(self.sandboxes))
-        await stack.enter_async_context(self.runner)
-        self._stack = stack
+        async with self._opening:
+            if self._stack is not None:
+                return
+            stack = contextlib.AsyncExitStack()
+            if self.sandboxes is not None:
+                await stack.enter_async_context(use_pools(self.sandboxes))
+            await stack.enter_async_context(self.runner)
+            self._stack = stack
 
     async def run_one(self, episode: Episode) -> Trajectory:
         import dataclasses

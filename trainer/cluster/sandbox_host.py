@@ -12,7 +12,8 @@ The host, not a handle passed around, holds the container, so:
   swallowed the error (e.g. in its teardown): ``episode_sandboxes`` collects each episode's sandboxes;
 - Ray restarts the host (``cluster.sandbox_host_restarts``): new episodes get sandboxes from the new incarnation,
   whose first pool removes the containers its dead predecessor left (``reap_orphans``); once the restarts are used
-  up the client reports ``lost`` and rank 0 stops sending episodes to the node's workers.
+  up (the host does not answer for ``restart_wait_s``) the client reports ``lost`` and rank 0 stops sending
+  episodes to the node's workers.
 
 Paths given to ``copy_in`` / ``copy_out`` are on the host's node, which is the worker's node.
 """
@@ -200,13 +201,20 @@ class SandboxHostClient(PoolSet):
             raise
 
     async def _alive(self) -> bool:
+        """Whether the host answers within ``restart_wait_s`` (a call sent while Ray has not yet marked the host
+        as restarting fails like one to a dead host, so one failed ping proves nothing: retry until the deadline)."""
         import ray
 
-        try:
-            await asyncio.wait_for(asyncio.wrap_future(self.host.ping.remote().future()), self.restart_wait_s)
-            return True
-        except (ray.exceptions.RayActorError, TimeoutError):
-            return False
+        deadline = asyncio.get_running_loop().time() + self.restart_wait_s
+        while (left := deadline - asyncio.get_running_loop().time()) > 0:
+            try:
+                await asyncio.wait_for(asyncio.wrap_future(self.host.ping.remote().future()), left)
+                return True
+            except ray.exceptions.RayActorError:
+                await asyncio.sleep(min(1.0, max(0.0, left)))
+            except TimeoutError:
+                return False
+        return False
 
     async def aclose(self) -> None:
         """Nothing to remove here: the host owns the pools (each sandbox is closed by its episode)."""

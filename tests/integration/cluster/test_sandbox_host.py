@@ -23,6 +23,13 @@ def _containers_of(pid: int) -> list[str]:
     return out.stdout.split()
 
 
+async def _mean_exec_s(sb: Any, n: int = 10) -> float:
+    t0 = time.perf_counter()
+    for _ in range(n):
+        await sb.exec("true")
+    return (time.perf_counter() - t0) / n
+
+
 async def _kill(host: Any) -> dict[str, Any]:
     info: dict[str, Any] = await host.ping.remote()
     os.kill(info["pid"], signal.SIGKILL)
@@ -33,6 +40,7 @@ async def test_sandbox_host_runs_commands_dies_restarts_and_is_lost(ray_cluster:
     import ray
 
     from sandboxes.config import SandboxConfig
+    from sandboxes.docker import DockerSandbox
     from sandboxes.pool import acquire_sandbox, use_pools
     from sandboxes.protocols import SandboxUnavailableError
     from trainer.cluster.sandbox_host import SandboxHostClient, SandboxHostImpl, episode_sandboxes
@@ -42,7 +50,7 @@ async def test_sandbox_host_runs_commands_dies_restarts_and_is_lost(ray_cluster:
         name="sao-sandbox-test", num_cpus=0, resources={"node_b": 0.01}, max_restarts=1, max_concurrency=100
     ).remote(1)
     cfg = SandboxConfig(image=base_image, mem_limit="256m")
-    client = SandboxHostClient(host, "sao-sandbox-test", restart_wait_s=60)
+    client = SandboxHostClient(host, "sao-sandbox-test", restart_wait_s=15)
     try:
         first = await host.ping.remote()
         node_b = next(n["NodeID"] for n in ray.nodes() if n["Alive"] and "node_b" in n["Resources"])
@@ -57,6 +65,9 @@ async def test_sandbox_host_runs_commands_dies_restarts_and_is_lost(ray_cluster:
             res = await sb.exec("echo $((6 * 7)); exit 3")
             assert (res.exit_code, res.output.strip()) == (3, "42")
             assert len(_containers_of(first["pid"])) >= 1
+            print(f"exec('true') through the sandbox host: {await _mean_exec_s(sb) * 1e3:.1f} ms", end="; ")
+            async with await DockerSandbox.create(cfg) as direct:
+                print(f"on a DockerSandbox in this process: {await _mean_exec_s(direct) * 1e3:.1f} ms")
 
             t0 = time.monotonic()
             await _kill(host)
