@@ -38,6 +38,7 @@ from benchmarks.rl_bench_common import (
     tiny_model_threads,
     train_run,
     warm_start,
+    warm_start_check,
     word_tokenizer,
     write_json,
 )
@@ -62,6 +63,8 @@ class LearningConfig:
     smooth: int = 3
     final_frac: float = 0.2
     overrides: dict[str, Any] = field(default_factory=dict)
+    jobs: int = 1
+    """Worker processes for the runs (1 = all in this process); each uses one torch thread."""
 
 
 def first_reach(xs: list[float], threshold: float) -> int | None:
@@ -261,8 +264,71 @@ def plot_dynamics(doc: dict[str, Any], path: Path) -> Path:
     return path
 
 
+def _warm_job(wcfg: dict[str, Any], ws: dict[str, Any], out_dir: str) -> tuple[str, dict[str, Any]]:
+    """One family's warm start for one seed (in a worker process): `sao sft` on the oracle's demonstrations, then
+    ``warm_start_check`` on held-out episodes. Returns the model dir and the check."""
+    _worker_init()
+    model = warm_start(wcfg, ws, Path(out_dir))
+    env = dict(ws.get("env", wcfg["env"]))
+    words = [str(w) for w in wcfg.get("rollout", {}).get("action_vocab", [])]
+    check = warm_start_check(model, str(env["id"]), dict(env.get("kwargs", {})), words, 64, int(wcfg["run"]["seed"]))
+    write_json(Path(out_dir) / "warm_check.json", check)
+    return str(model), check
+
+
+def _run_job(cfg: dict[str, Any], run_dir: str) -> tuple[list[dict[str, Any]], float]:
+    _worker_init()
+    return train_run(cfg, Path(run_dir))
+
+
+def _worker_init() -> None:
+    """Each bench process: one torch thread, bench algorithms registered, and a free rendezvous port of its own
+    (a port the parent picked for an earlier in-process run would clash between parallel workers)."""
+    import os
+
+    import torch.distributed
+
+    if not torch.distributed.is_initialized() and os.environ.get("SAO_BENCH_WORKER") == "1":
+        import socket
+
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            os.environ["MASTER_PORT"] = str(sock.getsockname()[1])
+    tiny_model_threads(1)
+    register_bench_algorithms()
+
+
+def _map(
+    fn: Callable[..., Any], calls: list[tuple[Any, ...]], jobs: int, each: Callable[[int, Any], None]
+) -> list[Any]:
+    """``fn(*call)`` for every call, in this process (``jobs`` <= 1) or in ``jobs`` spawned worker processes;
+    ``each(i, result)`` as each finishes (progress). Results in call order; a failed call raises here."""
+    results: list[Any] = [None] * len(calls)
+    if jobs <= 1:
+        for i, c in enumerate(calls):
+            results[i] = fn(*c)
+            each(i, results[i])
+        return results
+    import multiprocessing
+    import os
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    os.environ["SAO_BENCH_WORKER"] = "1"  # read by _worker_init in the spawned children (they copy the env)
+    try:
+        with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+            futs = {pool.submit(fn, *c): i for i, c in enumerate(calls)}
+            for f in as_completed(futs):
+                i = futs[f]
+                results[i] = f.result()
+                each(i, results[i])
+    finally:
+        os.environ.pop("SAO_BENCH_WORKER", None)
+    return results
+
+
 def run(lc: LearningConfig, echo: Callable[[str], None] = print) -> dict[str, Any]:
-    """Every (task, variant, seed) run, the table, JSON + PNGs; returns the JSON document."""
+    """Every (task, variant, seed) run, the table, JSON + PNGs; returns the JSON document. With ``lc.jobs`` > 1
+    the warm starts, then the runs, go to that many worker processes (one torch thread each)."""
     spec = deep_update(load_yaml(lc.config), lc.overrides)
     task_names = lc.tasks or tuple(spec.get("tasks", {}))
     bad_t = [n for n in task_names if n not in spec.get("tasks", {})]
@@ -273,27 +339,70 @@ def run(lc: LearningConfig, echo: Callable[[str], None] = print) -> dict[str, An
         raise ValueError(f"unknown variant(s) {bad_v}; {lc.config} defines {list(spec.get('variants', {}))}")
     if not lc.seeds:
         raise ValueError("--seeds needs at least one seed, e.g. 0,1,2")
+    if lc.jobs < 1:
+        raise ValueError(f"--jobs must be >= 1, got {lc.jobs}")
     tiny_model_threads(1)
     register_bench_algorithms()
     lc.out.mkdir(parents=True, exist_ok=True)
-    doc: dict[str, Any] = {"benchmark": "learning", "seeds": list(lc.seeds), "smooth": lc.smooth, "tasks": {}}
-    plan = [(t, v) for t in task_names for v in task_variants(spec, t, lc.variants)]
-    total = len(plan) * len(lc.seeds)
-    done, t_all = 0, time.perf_counter()
+    doc: dict[str, Any] = {"benchmark": "learning", "seeds": list(lc.seeds), "smooth": lc.smooth, "tasks": {},
+                           "jobs": lc.jobs, "warm_starts": {}}  # fmt: skip
+    t_all = time.perf_counter()
     toks: dict[str, tuple[Path, int]] = {}
+    warm_calls: dict[tuple[str, int], tuple[dict[str, Any], dict[str, Any], str]] = {}
+    plan: list[tuple[str, str, int, int]] = []  # task, variant, seed, steps
     for task in task_names:
         task_spec = spec["tasks"][task]
         fam_name = str(task_spec.get("family", task))
         family = spec.get("families", {}).get(fam_name, {})
         if fam_name not in toks:
             toks[fam_name] = make_tokenizer(family, lc.out / "families" / fam_name / "tokenizer")
-        tokenizer, vocab = toks[fam_name]
         base_steps = int(deep_update(spec.get("base", {}), task_spec).get("run", {}).get("total_steps", 30))
         steps = max(1, math.ceil((lc.steps or base_steps) * lc.scale))
-        threshold = float(task_spec.get("threshold", 0.5))
+        for variant in task_variants(spec, task, lc.variants):
+            for seed in lc.seeds:
+                plan.append((task, variant, seed, steps))
+                if family.get("warm_start") and (fam_name, seed) not in warm_calls:
+                    ws = family["warm_start"]
+                    wcfg = run_config(spec, task, variant, seed, steps, *toks[fam_name])
+                    wcfg["env"] = dict(ws.get("env", wcfg["env"]))
+                    out_dir = str(lc.out / "families" / fam_name / f"warm_seed{seed}")
+                    warm_calls[(fam_name, seed)] = (wcfg, ws, out_dir)
+    keys = list(warm_calls)
+
+    def warm_done(i: int, res: Any) -> None:
+        c = res[1]
+        echo(f"warm start {keys[i][0]} seed {keys[i][1]}: held-out p(right) {c['p_right']:.2f}, argmax right "
+             f"{c['acc']:.2f}, entropy {c['entropy']:.2f} nats "
+             + " ".join(f"[{r}: p {v['p_right']:.2f}]" for r, v in c["by_rule"].items()))  # fmt: skip
+
+    warm = dict(zip(keys, _map(_warm_job, [warm_calls[k] for k in keys], lc.jobs, warm_done), strict=True))
+    doc["warm_starts"] = {f"{f}/seed{s}": {"model": m, "check": c} for (f, s), (m, c) in warm.items()}
+    calls, cfgs = [], []
+    for task, variant, seed, steps in plan:
+        fam_name = str(spec["tasks"][task].get("family", task))
+        model_path = warm[(fam_name, seed)][0] if (fam_name, seed) in warm else None
+        cfg = run_config(spec, task, variant, seed, steps, *toks[fam_name], model_path)
+        cfgs.append(cfg)
+        calls.append((cfg, str(lc.out / "runs" / task / f"{variant}_seed{seed}")))
+
+    def run_done(i: int, res: Any) -> None:
+        task, variant, seed, _ = plan[i]
+        n_done = sum(1 for r in results_seen if r) + 1
+        results_seen[i] = True
+        echo(
+            f"[{n_done}/{len(plan)}] {task} {variant} seed {seed}: final success "
+            f"{float(res[0][-1]['success_rate']) if res[0] else float('nan'):.2f}, {res[1]:.0f}s "
+            f"(elapsed {time.perf_counter() - t_all:.0f}s)"
+        )
+
+    results_seen = [False] * len(plan)
+    results = _map(_run_job, calls, lc.jobs, run_done)
+    for task in task_names:
+        task_spec = spec["tasks"][task]
         shift = None
         if task_spec.get("post_shift_steps"):
             shift = (int(task_spec["env"]["kwargs"]["shift_every"]), int(task_spec["post_shift_steps"]))
+        threshold = float(task_spec.get("threshold", 0.5))
         entry: dict[str, Any] = {
             "label": task_spec.get("label", task),
             "claim": task_spec.get("claim", ""),
@@ -302,34 +411,17 @@ def run(lc: LearningConfig, echo: Callable[[str], None] = print) -> dict[str, An
         }
         doc["tasks"][task] = entry
         for variant in task_variants(spec, task, lc.variants):
-            curves, walls = [], []
-            cfg: dict[str, Any] = {}
-            for seed in lc.seeds:
-                model_path = None
-                if family.get("warm_start"):
-                    ws = family["warm_start"]
-                    wcfg = run_config(spec, task, variant, seed, steps, tokenizer, vocab)
-                    wcfg["env"] = dict(ws.get("env", wcfg["env"]))
-                    model_path = str(warm_start(wcfg, ws, lc.out / "families" / fam_name / f"warm_seed{seed}"))
-                cfg = run_config(spec, task, variant, seed, steps, tokenizer, vocab, model_path)
-                rows, wall = train_run(cfg, lc.out / "runs" / task / f"{variant}_seed{seed}")
-                curves.append(run_curves(rows))
-                walls.append(wall)
-                done += 1
-                echo(
-                    f"[{done}/{total}] {task} {variant} seed {seed}: final success "
-                    f"{curves[-1]['success'][-1]:.2f}, {wall:.0f}s (elapsed {time.perf_counter() - t_all:.0f}s)"
-                )
+            idx = [i for i, p in enumerate(plan) if p[0] == task and p[1] == variant]
+            curves = [run_curves(results[i][0]) for i in idx]
             s = summarize_runs(curves, threshold, lc.smooth, lc.final_frac, shift)
-            s["wall_s_mean"] = sum(walls) / len(walls)
+            s["wall_s_mean"] = sum(results[i][1] for i in idx) / len(idx)
             entry["variants"][variant] = {
                 "label": spec["variants"][variant].get("label", variant),
-                "uses_critic": _uses_critic(cfg),
+                "uses_critic": _uses_critic(cfgs[idx[0]]),
                 "summary": s,
                 "curves": curves,
-                "config": cfg,
+                "config": cfgs[idx[0]],
             }
-        write_json(lc.out / "learning.json", doc)  # partial results survive a long bench being stopped
     doc["total_wall_s"] = time.perf_counter() - t_all
     _print_summary(doc, echo)
     write_json(lc.out / "learning.json", doc)

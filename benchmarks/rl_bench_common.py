@@ -361,3 +361,58 @@ def tiny_model_threads(n: int = 1) -> None:
     import torch
 
     torch.set_num_threads(max(1, int(n)))
+
+
+def warm_start_check(
+    model_dir: Path, env_id: str, kwargs: dict[str, Any], words: list[str], episodes: int = 64, seed: int = 0
+) -> dict[str, Any]:
+    """How a warm-started model answers held-out episodes: the oracle's right answers (``accuracy`` 1) on task seeds
+    disjoint from the demonstrations and the RL runs are rendered as the agent renders them, and at every answer
+    token the model's distribution restricted to ``words`` (the rollout's ``action_vocab``) is read off. Returns
+    ``p_right`` (mean probability of the right word), ``acc`` (argmax right), ``entropy`` (nats), per rule for
+    TokenGame (``by_rule``), and ``n`` answers. A useful warm start has ``p_right`` near the demonstrator's accuracy
+    and an entropy well above 0 (something left for RL to explore)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from trainer.sft_data import load_examples
+
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    model: Any = AutoModelForCausalLM.from_pretrained(str(model_dir))
+    model.eval()
+    ids = [int(tok.convert_tokens_to_ids(str(w))) for w in words]  # type: ignore[arg-type]
+    tmp = Path(str(model_dir)).parent / "warm_check_demos.jsonl"
+    write_demonstrations(tmp, env_id, kwargs, episodes, {"accuracy": 1.0}, seed + 1000)  # seeds no run uses
+    rules = []  # TokenGame `rule: mixed` prompts name their rule ("Rule next: ...")
+    for line in tmp.read_text().splitlines():
+        first = str(json.loads(line)["messages"][1]["content"])
+        rules.append("next" if "Rule next" in first else "copy" if "Rule copy" in first else "all")
+    examples, _ = load_examples([str(tmp)], tok)
+    stats: dict[str, list[tuple[float, float, float]]] = {}
+    with torch.no_grad():
+        for ex, rule in zip(examples, rules, strict=True):
+            x = torch.tensor([ex.input_ids])
+            logits = model(input_ids=x).logits[0, :-1, ids].float()
+            logp = torch.log_softmax(logits, -1)
+            for t in range(len(ex.input_ids) - 1):
+                target = ex.input_ids[t + 1]
+                if not ex.loss_mask[t + 1] or target not in ids:
+                    continue
+                j = ids.index(target)
+                p = logp[t].exp()
+                ent = float(-(p * logp[t]).sum())
+                stats.setdefault(rule, []).append((float(p[j]), float(int(p.argmax()) == j), ent))
+    tmp.unlink(missing_ok=True)
+
+    def agg(rows: list[tuple[float, float, float]]) -> dict[str, float]:
+        n = max(1, len(rows))
+        return {
+            "p_right": sum(r[0] for r in rows) / n,
+            "acc": sum(r[1] for r in rows) / n,
+            "entropy": sum(r[2] for r in rows) / n,
+            "n": float(len(rows)),
+        }
+
+    out: dict[str, Any] = agg([r for rows in stats.values() for r in rows])
+    out["by_rule"] = {k: agg(v) for k, v in stats.items()}
+    return out

@@ -175,6 +175,7 @@ def learning(
     seeds: str = typer.Option("0,1,2", help="comma-separated seeds"),
     steps: int = typer.Option(0, help="policy steps per run (0 = the config's run.total_steps)"),
     scale: float = typer.Option(1.0, help="multiply the steps (bigger machines)"),
+    jobs: int = typer.Option(1, help="worker processes for the warm starts and runs (one torch thread each)"),
 ) -> None:
     """The paper's claims, one task each: SAO vs its ablations and baselines from a warm start, 3 seeds."""
     from pathlib import Path
@@ -189,7 +190,7 @@ def learning(
         raise typer.BadParameter("--scale must be > 0 and --steps >= 0")
     lc = LearningConfig(
         out=Path(out), config=Path(config), tasks=_csv(tasks), variants=_csv(variants),
-        seeds=seed_list, steps=steps or None, scale=scale,
+        seeds=seed_list, steps=steps or None, scale=scale, jobs=jobs,
     )  # fmt: skip
     try:
         run(lc, echo=typer.echo)

@@ -68,6 +68,7 @@ def test_every_shipped_run_config_is_a_valid_trainer_config(tmp_path: Path) -> N
 
     spec = load_yaml(SPEC)
     assert set(spec["tasks"]) == {"main", "difficulty", "multiturn", "latency", "online_writing"}
+    assert all("warm_start" in spec["families"][spec["tasks"][t]["family"]] for t in spec["tasks"])
     assert {"sao", "sao_k1", "sao_full_critic", "running_mean", "sao_token_gae", "grpo", "grpo_dis", "ppo"} <= set(
         task_variants(spec, "main")
     )
@@ -171,3 +172,18 @@ def test_demonstrations_follow_the_oracle_settings(tmp_path: Path) -> None:
     assert rules == {"copy", "next"}
     only_copy = write_demonstrations(tmp_path / "c.jsonl", "sao/TokenGame-v0", kw, 40, {"rules": ["copy"]}, seed=3)
     assert 0 < only_copy < 40
+
+
+def test_map_runs_calls_in_worker_processes_in_order() -> None:
+    """``--jobs``: results come back in call order whatever order the workers finish in; progress per call."""
+    from benchmarks.bench_learning import _map
+
+    seen: list[int] = []
+    assert _map(pow, [(2, 3), (3, 2), (5, 1)], 2, lambda i, _: seen.append(i)) == [8, 9, 5]
+    assert sorted(seen) == [0, 1, 2]
+    assert _map(pow, [(2, 2)], 1, lambda i, r: seen.append(r)) == [4] and seen[-1] == 4
+
+
+def test_bad_jobs_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="--jobs"):
+        run(LearningConfig(out=tmp_path, config=SPEC, jobs=0))
