@@ -271,7 +271,8 @@ def _warm_job(wcfg: dict[str, Any], ws: dict[str, Any], out_dir: str) -> tuple[s
     model = warm_start(wcfg, ws, Path(out_dir))
     env = dict(ws.get("env", wcfg["env"]))
     words = [str(w) for w in wcfg.get("rollout", {}).get("action_vocab", [])]
-    check = warm_start_check(model, str(env["id"]), dict(env.get("kwargs", {})), words, 64, int(wcfg["run"]["seed"]))
+    kwargs, seed = dict(env.get("kwargs", {})), int(wcfg["run"]["seed"])
+    check = warm_start_check(model, str(env["id"]), kwargs, words, 64, seed, dict(ws.get("demo", {})))
     write_json(Path(out_dir) / "warm_check.json", check)
     return str(model), check
 

@@ -364,14 +364,20 @@ def tiny_model_threads(n: int = 1) -> None:
 
 
 def warm_start_check(
-    model_dir: Path, env_id: str, kwargs: dict[str, Any], words: list[str], episodes: int = 64, seed: int = 0
+    model_dir: Path,
+    env_id: str,
+    kwargs: dict[str, Any],
+    words: list[str],
+    episodes: int = 64,
+    seed: int = 0,
+    demo: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """How a warm-started model answers held-out episodes: the oracle's right answers (``accuracy`` 1) on task seeds
     disjoint from the demonstrations and the RL runs are rendered as the agent renders them, and at every answer
     token the model's distribution restricted to ``words`` (the rollout's ``action_vocab``) is read off. Returns
     ``p_right`` (mean probability of the right word), ``acc`` (argmax right), ``entropy`` (nats), per rule for
-    TokenGame (``by_rule``), and ``n`` answers. A useful warm start has ``p_right`` near the demonstrator's accuracy
-    and an entropy well above 0 (something left for RL to explore)."""
+    TokenGame (``by_rule``), and ``n`` answers (for OnlineWriting: the words of ``demo``'s replies). A useful warm
+    start has ``p_right`` near the demonstrator's accuracy and an entropy well above 0 (room for RL to explore)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -382,7 +388,8 @@ def warm_start_check(
     model.eval()
     ids = [int(tok.convert_tokens_to_ids(str(w))) for w in words]  # type: ignore[arg-type]
     tmp = Path(str(model_dir)).parent / "warm_check_demos.jsonl"
-    write_demonstrations(tmp, env_id, kwargs, episodes, {"accuracy": 1.0}, seed + 1000)  # seeds no run uses
+    # the oracle's settings (OnlineWriting: its replies) with TokenGame's answers always right; seeds no run uses
+    write_demonstrations(tmp, env_id, kwargs, episodes, {**(demo or {}), "accuracy": 1.0}, seed + 1000)
     rules = []  # TokenGame `rule: mixed` prompts name their rule ("Rule next: ...")
     for line in tmp.read_text().splitlines():
         first = str(json.loads(line)["messages"][1]["content"])
