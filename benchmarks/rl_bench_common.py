@@ -181,16 +181,18 @@ def print_table(headers: list[str], rows: list[list[str]], echo: Callable[[str],
 
 
 def _token_game_oracle(env: Any, rng: Any, spec: dict[str, Any]) -> Callable[[int], str] | None:
-    """The TokenGame demonstrator: the right symbol with probability ``accuracy`` (or ``accuracy_by_rule[rule]``),
-    else another one. Tasks whose rule is not in ``rules`` (default: all) are not demonstrated (None)."""
+    """The TokenGame demonstrator: the right symbol with probability ``accuracy`` (or ``accuracy_by_rule[rule]``,
+    or ``accuracy_by_symbol[shown symbol]``, which wins), else another one. Tasks whose rule is not in ``rules``
+    (default: all) are not demonstrated (None)."""
     rules = spec.get("rules")
     if rules and env._task_rule not in rules:
         return None
     acc = float(spec.get("accuracy_by_rule", {}).get(env._task_rule, spec.get("accuracy", 1.0)))
+    by_symbol = {str(k): float(v) for k, v in spec.get("accuracy_by_symbol", {}).items()}
 
     def answer(turn: int) -> str:
         right = env.target(env._seq[turn])
-        if rng.random() < acc:
+        if rng.random() < by_symbol.get(str(env._seq[turn]), acc):
             return str(right)
         return str(rng.choice([s for s in env.symbols if s != right]))
 

@@ -67,7 +67,7 @@ def test_every_shipped_run_config_is_a_valid_trainer_config(tmp_path: Path) -> N
     from trainer.config import config_from_dict
 
     spec = load_yaml(SPEC)
-    assert set(spec["tasks"]) == {"main", "difficulty", "multiturn", "latency", "online_writing"}
+    assert set(spec["tasks"]) == {"main", "difficulty", "difficulty_symbol", "multiturn", "latency", "online_writing"}
     assert all("warm_start" in spec["families"][spec["tasks"][t]["family"]] for t in spec["tasks"])
     assert {"sao", "sao_k1", "sao_full_critic", "running_mean", "sao_token_gae", "grpo", "grpo_dis", "ppo"} <= set(
         task_variants(spec, "main")
@@ -187,3 +187,18 @@ def test_map_runs_calls_in_worker_processes_in_order() -> None:
 def test_bad_jobs_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="--jobs"):
         run(LearningConfig(out=tmp_path, config=SPEC, jobs=0))
+
+
+def test_demonstrations_can_be_right_more_often_on_one_symbol(tmp_path: Path) -> None:
+    """``accuracy_by_symbol``: prompts of different difficulty where the shown symbol decides it."""
+    import json
+
+    from benchmarks.rl_bench_common import write_demonstrations
+
+    kw = {"turns": 1, "symbols": "AB", "rule": "copy", "reward": "all"}
+    skew = {"accuracy_by_symbol": {"A": 1.0, "B": 0.0}}
+    write_demonstrations(tmp_path / "d.jsonl", "sao/TokenGame-v0", kw, 200, skew, 1)
+    recs = [json.loads(x)["messages"] for x in (tmp_path / "d.jsonl").read_text().splitlines()]
+    shown = [m[1]["content"][-1] for m in recs]
+    assert {"A", "B"} == set(shown)
+    assert all(m[2]["content"] == "A" for m in recs)  # right on every A prompt, wrong (= A) on every B prompt
