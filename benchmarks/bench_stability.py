@@ -312,12 +312,16 @@ def _train_all(
         )
 
     def progress(running: set[int]) -> None:
-        done_steps = finished * steps
-        parts = []
-        for i in sorted(running):
+        done_steps, parts, waiting = finished * steps, [], 0
+        for i in sorted(running):  # the pool also counts the runs queued for the next free workers as running
             n = _steps_written(Path(calls[i][1]))
             done_steps += n
-            parts.append(f"{todo[i][0]} s{todo[i][1]} {n}/{steps}")
+            if n:
+                parts.append(f"{todo[i][0]} s{todo[i][1]} {n}/{steps}")
+            else:
+                waiting += 1
+        if waiting:
+            parts.append(f"{waiting} starting or queued")
         el = time.perf_counter() - t_all
         total = len(todo) * steps
         eta = f", ~{el / done_steps * (total - done_steps) / 60:.0f} min left" if done_steps else ""
@@ -397,6 +401,13 @@ def _print(doc: dict[str, Any], echo: Callable[[str], None]) -> None:
     print_table(headers, rows, echo)
 
 
+def _line(ax: Any, xs: list[float], ys: list[float], **kw: Any) -> None:
+    """One curve through its finite points (steps with no policy update log no entropy or actor grad norm; a gap
+    per such step would break the line into dashes)."""
+    pts = [(x, y) for x, y in zip(xs, ys, strict=True) if math.isfinite(y)]
+    ax.plot([p[0] for p in pts], [p[1] for p in pts], **kw)
+
+
 def plot(doc: dict[str, Any], path: Path) -> Path:
     import matplotlib
 
@@ -423,13 +434,13 @@ def plot(doc: dict[str, Any], path: Path) -> Path:
             label = f"{r['label']} s{r['seed']}"
             xs = c["step"]
             if key == "drop":
-                ax.plot(xs, drop_from_best(smoothed(c["success_rate"], w)), color=color, lw=0.9, label=label)
+                _line(ax, xs, drop_from_best(smoothed(c["success_rate"], w)), color=color, lw=0.9, label=label)
                 ax.axhline(doc["max_drop"], color="k", ls=":", lw=0.8)
             elif key == "mask_frac":
-                ax.plot(xs, smoothed(c["mask_frac_low"], w), color=color, lw=0.9, label=label)
-                ax.plot(xs, smoothed(c["mask_frac_high"], w), color=color, lw=0.9, ls="--")
+                _line(ax, xs, smoothed(c["mask_frac_low"], w), color=color, lw=0.9, label=label)
+                _line(ax, xs, smoothed(c["mask_frac_high"], w), color=color, lw=0.9, ls="--")
             else:
-                ax.plot(xs, smoothed(c[key], w), color=color, lw=0.9, label=label)
+                _line(ax, xs, smoothed(c[key], w), color=color, lw=0.9, label=label)
             del name
         ax.set_title(title, fontsize=9)
         ax.set_xlabel("policy step", fontsize=8)

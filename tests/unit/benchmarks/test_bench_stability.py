@@ -73,6 +73,11 @@ def test_shipped_config_is_long_lagged_and_valid(tmp_path: Path) -> None:
     sao = config_from_dict(run_config(spec, "sao", 0, 7, tmp_path, 48)).trainer
     assert sao.critic_updates_per_step == 2 and sao.skip_uniform_reward_batches
     assert not config_from_dict(run_config(spec, "sao_no_skip", 0, 7, tmp_path, 48)).trainer.skip_uniform_reward_batches
+    grpo, grpo_skip = (
+        config_from_dict(run_config(spec, v, 0, 7, tmp_path, 48)).trainer for v in ("grpo_async", "grpo_async_skip")
+    )
+    assert grpo.algorithm == grpo_skip.algorithm == "grpo_async" and grpo_skip.skip_uniform_reward_batches
+    assert not grpo.skip_uniform_reward_batches
 
 
 @pytest.mark.parametrize(
