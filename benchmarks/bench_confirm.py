@@ -125,7 +125,7 @@ def arm_result(name: str, summary: dict[str, Any], sft_eval: dict[str, Any], run
     rows = read_metrics(run_dir / f"{ARM_STAGES.index('train'):02d}_train")
     curve = {
         k: [r.get(k) for r in rows]
-        for k in ("step", "success_rate", "reward_mean", "explained_variance", "entropy", "trajectories")
+        for k in ("step", "success_rate", "reward_mean", "explained_variance", "trained_trajectories", "step_s")
     }
     return {
         "arm": name,

@@ -29,7 +29,7 @@ def test_every_arm_starts_from_the_shared_sft_checkpoint_with_the_same_budget_an
         assert cfg["model"]["path"] == sft_actor
         assert cfg["trainer"]["algorithm"] == name
         assert cfg["eval"] == shared["eval"] and cfg["run"]["seed"] == shared["run"]["seed"]
-        assert cfg["run"]["total_steps"] * cfg["trainer"]["batch_size"] == 48
+        assert cfg["run"]["total_steps"] * cfg["trainer"]["batch_size"] == 32
         assert cfg["trainer"]["batch_size"] % cfg["trainer"]["group_size"] == 0
         assert cfg["env"] == shared["env"] and cfg["rollout"] == shared["rollout"]
     assert len({c["run"]["dir"] for c in arms.values()}) == 3
