@@ -343,6 +343,7 @@ def run(bc: ThroughputConfig, echo: Callable[[str], None] = print) -> dict[str, 
             "config": cfg,
         }
         (bc.out / "runs" / f"{name}.cpu.json").write_text(json.dumps(child["samples"]))
+        write_json(bc.out / "throughput.partial.json", {"done": list(results), "results": results})  # long runs
         echo(
             f"[{name}] {s['trained_per_s']:.3f} traj/s, idle {s['trainer_idle_frac']:.3f}, "
             f"lag {s['policy_lag_mean']:.2f}, learner {_fmt(s.get('time_learner_s'), '.1f')} s/step "
