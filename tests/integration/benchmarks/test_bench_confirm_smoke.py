@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -32,11 +33,18 @@ def test_confirm_bench_runs_both_arms_from_one_sft_checkpoint_and_reports(
     env.setdefault("TORCH_EXTENSIONS_DIR", str(torch_extensions_dir()))
     sets = [a for s in TINY for a in ("--set", s)]
     t0 = time.time()
-    res = subprocess.run(
+    # A session of its own: on a timeout the whole group goes, the bench's spawned stage processes included.
+    proc = subprocess.Popen(
         [sys.executable, "-m", "sao_cli.main", "bench", "confirm", "--out", str(out), "--arms", "sao,grpo", *sets],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800,
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
     )  # fmt: skip
-    assert res.returncode == 0, res.stderr[-4000:]
+    try:
+        stdout, stderr = proc.communicate(timeout=1800)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
+    assert proc.returncode == 0, stderr[-4000:]
     data = json.loads((out / "confirm.json").read_text())
     assert [a["arm"] for a in data["arms"]] == ["sao", "grpo"] and data["trajectories_per_arm"] == 2
     sft_model = str(out / "shared" / "01_sft" / "final" / "actor")
@@ -49,6 +57,6 @@ def test_confirm_bench_runs_both_arms_from_one_sft_checkpoint_and_reports(
         steps = [json.loads(x) for x in (out / "arms" / arm / "00_train" / "metrics.jsonl").read_text().splitlines()]
         assert [s["step"] for s in steps] == [1] and steps[0]["trained_trajectories"] == 2
         assert ("value_loss" in steps[0]) == (arm == "sao")  # SAO trains a critic, GRPO does not
-    assert "| sao |" in res.stdout and "sao - grpo:" in res.stdout
+    assert "| sao |" in stdout and "sao - grpo:" in stdout
     assert (out / "confirm.png").stat().st_size > 0
     print(f"tiny confirm bench wall time {time.time() - t0:.0f}s")
