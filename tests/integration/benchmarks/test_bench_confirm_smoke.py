@@ -57,6 +57,6 @@ def test_confirm_bench_runs_both_arms_from_one_sft_checkpoint_and_reports(
         steps = [json.loads(x) for x in (out / "arms" / arm / "00_train" / "metrics.jsonl").read_text().splitlines()]
         assert [s["step"] for s in steps] == [1] and steps[0]["trained_trajectories"] == 2
         assert ("value_loss" in steps[0]) == (arm == "sao")  # SAO trains a critic, GRPO does not
-    assert "| sao |" in stdout and "sao - grpo:" in stdout
+    assert "| sao " in stdout and "| grpo " in stdout and "sao - grpo:" in stdout
     assert (out / "confirm.png").stat().st_size > 0
     print(f"tiny confirm bench wall time {time.time() - t0:.0f}s")
