@@ -26,7 +26,7 @@ import pytest
 
 from tests.integration.cluster.test_ray_backend import overrides as token_game_overrides
 
-pytestmark = [pytest.mark.vllm, pytest.mark.deepspeed, pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.vllm, pytest.mark.deepspeed, pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(1200)]
 
 STEPS = 3
 
