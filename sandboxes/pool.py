@@ -21,7 +21,8 @@ with ``size`` idle containers (so a set of one-off images, e.g. SWE-bench instan
 containers nobody uses), never more than the episodes a finite run has left to start (``remaining``), and only
 the ``max_warm`` most recently used configs keep idle containers. Leaving the
 block removes every container of its pools. Outside such a block, and for bwrap, ``acquire_sandbox`` starts a
-sandbox cold.
+sandbox cold. ``use_pools(pools)`` installs a given set instead (the Ray backend's client of its node's sandbox
+host, ``trainer.cluster.sandbox_host``: the containers then live in that actor).
 """
 
 from __future__ import annotations
