@@ -225,8 +225,8 @@ def plot_success(doc: dict[str, Any], path: Path) -> Path:
     tasks = list(doc["tasks"])
     fig, axes = plt.subplots(1, len(tasks), figsize=(5.5 * len(tasks), 4.0), squeeze=False)
     for ax, task in zip(axes[0], tasks, strict=True):
-        for res in doc["tasks"][task]["variants"].values():
-            _band(ax, res["curves"], "success", doc["smooth"], res["label"])
+        for i, res in enumerate(doc["tasks"][task]["variants"].values()):
+            _band(ax, res["curves"], "success", doc["smooth"], res["label"], color=f"C{i % 10}")
         ax.set_title(doc["tasks"][task]["label"], fontsize=9)
         ax.set_xlabel("policy step")
         ax.set_ylabel("success rate")
@@ -251,13 +251,13 @@ def plot_dynamics(doc: dict[str, Any], path: Path) -> Path:
     fig, axes = plt.subplots(len(tasks), len(DYNAMICS), figsize=(4.2 * len(DYNAMICS), 3.0 * len(tasks)), squeeze=False)
     for row, task in zip(axes, tasks, strict=True):
         for ax, key, title in zip(row, DYNAMICS, titles, strict=True):
-            for res in doc["tasks"][task]["variants"].values():
+            for i, res in enumerate(doc["tasks"][task]["variants"].values()):  # one colour per variant in a row
                 if all(not math.isfinite(x) for c in res["curves"] for x in c[key]):
                     continue
-                _band(ax, res["curves"], key, doc["smooth"], res["label"], lw=0.9)
+                _band(ax, res["curves"], key, doc["smooth"], res["label"], lw=0.9, color=f"C{i % 10}")
             ax.set_title(f"{doc['tasks'][task]['label'][:28]}: {title}", fontsize=7)
             ax.tick_params(labelsize=7)
-        row[0].legend(fontsize=5)
+        row[-1].legend(fontsize=5)  # the lag panel plots every variant (0 for synchronous ones)
     fig.tight_layout()
     fig.savefig(path, dpi=70)
     plt.close(fig)
