@@ -246,6 +246,11 @@ class Learner:
         m: dict[str, float] = {"masked_nonfinite_tokens": dist_utils.all_reduce_sum([bad])[0], "nonfinite_logp": 0.0}
         if n_total == 0:  # nothing left to train: no optimizer step (Adam's moments alone would still move weights)
             return {**m, "skipped_steps": float(t.ppo_epochs), "trained_tokens": 0.0}
+        if not t.entropy_coef and _no_signal(masks, advs):
+            # every advantage is exactly 0 (e.g. GRPO groups that all earned the same reward): the loss has no
+            # gradient, but an optimizer step would still move the weights by Adam's momentum, replaying earlier
+            # updates batch after batch (measured: the collapse of GRPO in `sao bench stability`)
+            return {**m, "skipped_steps": float(t.ppo_epochs), "skipped_zero_advantage": 1.0, "trained_tokens": 0.0}
         sums: dict[str, float] = {}
         skipped = 0
         for _ in range(t.ppo_epochs):
@@ -360,6 +365,12 @@ class Learner:
             if eng is not None:
                 bad += sum(float((~torch.isfinite(p.detach())).sum()) for p in eng.module.parameters())
         return dist_utils.all_reduce_sum([bad])[0] == 0
+
+
+def _no_signal(masks: list[torch.Tensor], advs: list[torch.Tensor]) -> bool:
+    """Every trainable token of the batch, on every rank, has an advantage of exactly 0."""
+    local = sum(float((a.abs() * m).sum()) for m, a in zip(masks, advs, strict=True))
+    return dist_utils.all_reduce_sum([local])[0] == 0.0
 
 
 def _uniform_rewards(full: Batch, bad: list[int]) -> bool:

@@ -40,3 +40,17 @@ def test_off_by_default_a_uniform_batch_still_steps(deepspeed_env: dict[str, str
     counts = _count_optimizer_steps(learner)
     learner.train_step(_all_reward(trajs, 0.0))
     assert counts == {"actor": 1, "critic": 1}
+
+
+def test_zero_advantage_batch_takes_no_optimizer_step(deepspeed_env: dict[str, str]) -> None:
+    """GRPO on groups that all earned the same reward: every advantage is 0, so the loss has no gradient; an Adam
+    step would still move the weights by its momentum from the previous batch. The learner skips it."""
+    learner, trajs = _learner("grpo", kind="llama")
+    counts = _count_optimizer_steps(learner)
+    m = learner.train_step(trajs)  # a batch with signal: Adam's moments are now non-zero
+    assert counts["actor"] == 1 and "skipped_zero_advantage" not in m
+    a0 = _snapshot(learner.actor.module)
+    m = learner.train_step(_all_reward(trajs, 1.0))
+    assert m["skipped_zero_advantage"] == 1 and m["skipped_steps"] == 1 and m["trained_tokens"] == 0
+    assert counts["actor"] == 1
+    assert not _changed(a0, learner.actor.module)
