@@ -117,10 +117,16 @@ class CpuSampler:
         self.samples: list[dict[str, float]] = []
         self._procs: dict[int, tuple[str, float]] = {}
         self._containers: dict[str, float] = {}
-        self.containers_measured = True
+        self._listed: set[str] = set()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="bench-cpu-sampler", daemon=True)
         self._docker: Any = None
+
+    @property
+    def containers_measured(self) -> bool:
+        """False when containers were found but none of their cgroups could be read (sandbox CPU unknown, not 0);
+        a container listed before its cgroup exists or after it is gone is not a failure."""
+        return not self._listed or bool(self._containers)
 
     def start(self) -> CpuSampler:
         try:
@@ -173,9 +179,9 @@ class CpuSampler:
             except Exception:
                 found = []
             for c in found:
+                self._listed.add(c.id)
                 cpu = _container_cpu_s(c.id)
                 if cpu is None:
-                    self.containers_measured = False
                     continue
                 self._containers[c.id] = max(cpu, self._containers.get(c.id, 0.0))
         return {
