@@ -85,13 +85,14 @@ def build_configs(cc: ConfirmConfig) -> tuple[dict[str, Any], dict[str, dict[str
     return shared, arms
 
 
-def _staged_child(cfg: dict[str, Any]) -> dict[str, Any]:
-    """One staged `sao train` (resumed if its folder holds one); returns its summary.json."""
+def _staged_child(cfg: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """One staged `sao train` (resumed if its folder holds one, with the command line's ``overrides`` on top of
+    its saved config: they reach the stages still to run); returns its summary.json."""
     from trainer.run import train
 
     run_dir = Path(cfg["run"]["dir"])
     if (run_dir / "config.yaml").exists():
-        train(None, [], resume=str(run_dir))
+        train(None, overrides, resume=str(run_dir))
     else:
         run_dir.parent.mkdir(parents=True, exist_ok=True)
         path = run_dir.with_name(run_dir.name + ".yaml")
@@ -101,16 +102,28 @@ def _staged_child(cfg: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def staged_in_fresh_process(cfg: dict[str, Any]) -> dict[str, Any]:
+def staged_in_fresh_process(cfg: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
     with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return pool.submit(_staged_child, cfg).result()
+        return pool.submit(_staged_child, cfg, overrides).result()
 
 
 def _se(p: float, n: int) -> float:
     return math.sqrt(p * (1 - p) / max(n, 1))
+
+
+def time_limited(eval_dir: Path, n: int) -> int:
+    """Episodes of an eval stage cut by the env's wall-clock limit (``truncation_reason: time_limit``): a
+    machine-load effect that scores a correct answer 0, so the table shows it. The last ``n`` records count (a
+    re-run stage appends to its trajectories.jsonl)."""
+    path = eval_dir / "trajectories.jsonl"
+    if not path.exists():
+        return 0
+    rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    rows = [r.get("trajectory", r) for r in rows if r.get("type", "trajectory") == "trajectory"][-n:] if n else []
+    return sum((r.get("info") or {}).get("truncation_reason") == "time_limit" for r in rows)
 
 
 def arm_result(name: str, summary: dict[str, Any], sft_eval: dict[str, Any], run_dir: Path) -> dict[str, Any]:
@@ -144,13 +157,15 @@ def arm_result(name: str, summary: dict[str, Any], sft_eval: dict[str, Any], run
         "rl_cpu_s": train.get("cpu_s"),
         "rl_load_avg": train.get("load_avg"),
         "eval_wall_s": after.get("wall_s"),
+        "time_limited_sft": sft_eval.get("time_limited", 0),
+        "time_limited_rl": time_limited(run_dir / f"{ARM_STAGES.index('eval'):02d}_eval", int(after["episodes"])),
         "curves": curve,
     }
 
 
 def table_rows(results: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
     headers = ["arm", "success after SFT", "success after RL", "RL - SFT (paired)", "valid calls SFT -> RL",
-               "RL steps", "RL wall / CPU"]  # fmt: skip
+               "time-limited SFT / RL", "RL steps", "RL wall / CPU"]  # fmt: skip
     rows = []
     for r in results:
         d, se = r["paired_diff"], r["paired_diff_se"]
@@ -161,6 +176,7 @@ def table_rows(results: list[dict[str, Any]]) -> tuple[list[str], list[list[str]
             f"{r['success_rl']:.3f} ± {r['success_rl_se']:.3f}",
             f"{d:+.3f} ± {se:.3f} ({z})",
             f"{r['valid_tool_call_sft']:.2f} -> {r['valid_tool_call_rl']:.2f}",
+            f"{r.get('time_limited_sft', 0)} / {r.get('time_limited_rl', 0)}",
             str(r["rl_steps"]),
             f"{(r['rl_wall_s'] or 0) / 60:.1f} min / {(r['rl_cpu_s'] or 0) / 60:.1f} min",
         ])  # fmt: skip
@@ -230,8 +246,10 @@ def run(cc: ConfirmConfig, echo: Callable[[str], None] = print) -> dict[str, Any
         shared = json.loads((shared_dir / "summary.json").read_text())
     else:
         echo(f"== shared: {SHARED_STAGES} -> {shared_dir}")
-        shared = staged_in_fresh_process(shared_cfg)
+        shared = staged_in_fresh_process(shared_cfg, cc.overrides)
     sft_eval = shared["evals"][-1]
+    sft_eval_dir = shared_dir / f"{SHARED_STAGES.index('eval'):02d}_eval"
+    sft_eval["time_limited"] = time_limited(sft_eval_dir, int(sft_eval["episodes"]))
     echo(f"   after SFT: success {sft_eval['success']:.3f} on {sft_eval['episodes']} held-out tasks")
     results, summaries = [], {}
     for name, cfg in arm_cfgs.items():
@@ -243,7 +261,7 @@ def run(cc: ConfirmConfig, echo: Callable[[str], None] = print) -> dict[str, Any
             summaries[name] = json.loads((run_dir / "summary.json").read_text())
         else:
             echo(f"== arm {name}: {ARM_STAGES} from the SFT checkpoint -> {run_dir}")
-            summaries[name] = staged_in_fresh_process(cfg)
+            summaries[name] = staged_in_fresh_process(cfg, cc.overrides)
         results.append(arm_result(name, summaries[name], sft_eval, run_dir))
         r = results[-1]
         echo(f"   {name}: success {r['success_sft']:.3f} -> {r['success_rl']:.3f} "

@@ -77,3 +77,20 @@ def test_arm_rows_pair_each_arm_with_the_sft_eval_on_the_same_tasks(tmp_path: Pa
     assert rows[0][0] == "sao" and rows[0][2] == "0.750 ± 0.217" and "+0.500" in rows[0][3]
     lines = between_arms(results, sums)
     assert lines and lines[0].startswith("sao - grpo: +0.500")
+
+
+def test_time_limited_counts_the_last_run_of_an_eval_stage(tmp_path: Path) -> None:
+    import json
+
+    from benchmarks.bench_confirm import time_limited
+
+    def rec(reason: str | None) -> str:
+        return json.dumps({"task_id": "t", "info": {"truncation_reason": reason} if reason else {}})
+
+    wrapped = json.dumps({"type": "trajectory", "trajectory": {"info": {"truncation_reason": "time_limit"}}})
+    other = json.dumps({"type": "progress"})
+    lines = [rec("time_limit"), rec("time_limit"), wrapped, other, rec(None), rec("context_length")]
+    (tmp_path / "trajectories.jsonl").write_text("\n".join(lines) + "\n")
+    assert time_limited(tmp_path, 3) == 1  # a killed first run's records (the first two) do not count
+    assert time_limited(tmp_path, 5) == 3
+    assert time_limited(tmp_path / "missing", 3) == 0
