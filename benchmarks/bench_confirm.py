@@ -224,6 +224,7 @@ def plot(results: list[dict[str, Any]], path: Path) -> Path:
         if any(x == x for x in ev):
             axes[2].plot(steps, ev, marker=".", color=f"C{i}", label=r["arm"])
     axes[1].set_title("RL: mean reward of the trained batch")
+    axes[1].set_ylim(0, 1.05)
     axes[1].set_xlabel("policy step")
     axes[1].legend(fontsize=8)
     axes[2].set_title("critic explained variance")
