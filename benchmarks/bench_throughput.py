@@ -218,15 +218,15 @@ def plot(results: dict[str, dict[str, Any]], path: Path, title: str) -> Path:
 
 def _frontier(ax: Any, results: dict[str, dict[str, Any]]) -> None:
     """The idle-vs-lag frontier: each variant at (mean lag, trainer idle), annotated with its x sync GRPO."""
-    for r in results.values():
+    for i, r in enumerate(results.values()):
         s = r["summary"]
         sao = r.get("algorithm", "sao") == "sao"
         ax.scatter(s["policy_lag_mean"], 100 * s["trainer_idle_frac"], s=40, marker="o" if sao else "s",
                    color="#d62728" if sao else "#1f77b4")  # fmt: skip
         ax.annotate(
             f"{r['label']}: {s.get('ratio_vs_sync_grpo', float('nan')):.2f}x",
-            (s["policy_lag_mean"], 100 * s["trainer_idle_frac"]), textcoords="offset points", xytext=(5, 3),
-            fontsize=7,
+            (s["policy_lag_mean"], 100 * s["trainer_idle_frac"]), textcoords="offset points",
+            xytext=(5, 3 + 11 * (i % 5)), fontsize=7,
         )  # fmt: skip
     ax.fill_between([0, GOAL_LAG], 0, 100 * GOAL_IDLE, color="#2ca02c", alpha=0.12, label="goal: idle < 10%, lag <= 2")
     ax.set_xlabel("mean policy lag (versions)", fontsize=8)
@@ -329,6 +329,8 @@ def run(bc: ThroughputConfig, echo: Callable[[str], None] = print) -> dict[str, 
         rows = child["rows"]
         s = summarize(rows, bc.warmup_steps)
         cores = steady_cores(rows, child["samples"], bc.warmup_steps)
+        # load-independent cost: trainer CPU seconds per trained trajectory over the steady steps
+        s["trainer_cpu_s_per_traj"] = cores.get("trainer", float("nan")) / max(s["trained_per_s"], 1e-12)
         results[name] = {
             "label": label,
             "algorithm": str(cfg.get("trainer", {}).get("algorithm", "sao")),
@@ -373,14 +375,15 @@ def run(bc: ThroughputConfig, echo: Callable[[str], None] = print) -> dict[str, 
     print_table(headers, table, echo)
     echo("\nwhere the time and the CPU go (steady steps; learner phases in s per step, CPU in cores busy):")
     headers2 = ["variant", "learner s", "actor", "old logp", "critic values", "critic steps", "trainer CPU",
-                "vLLM CPU", "sandbox CPU", "machine CPU"]  # fmt: skip
+                "vLLM CPU", "sandbox CPU", "machine CPU", "trainer CPU s / traj"]  # fmt: skip
     table2 = [
         [
             r["label"],
-            *(_fmt(r["summary"].get(k), ".1f") for k in PHASE_KEYS[:2]),
-            *(_fmt(r["summary"].get(k), ".1f") for k in ("time_old_logp_s", "time_values_s", "time_critic_s")),
+            *(_fmt(r["summary"].get(k), ".1f") for k in ("time_learner_s", "time_actor_s", "time_old_logp_s")),
+            *(_fmt(r["summary"].get(k), ".1f") for k in ("time_values_s", "time_critic_s")),
             *(_fmt(r["cores"].get(k), ".2f") for k in ("trainer", "vllm", "sandboxes")),
             f"{_fmt(r['cores'].get('machine'), '.2f')} of {r['cpu_count']}",
+            _fmt(r["summary"].get("trainer_cpu_s_per_traj"), ".1f"),
         ]
         for r in results.values()
     ]

@@ -43,6 +43,7 @@ def test_throughput_bench_smoke_times_the_learner_phases_and_the_cpu(
         assert c["window_s"] > 0 and 0 < c["trainer"] <= r["cpu_count"] + 0.5
         assert c["vllm"] == 0 and c["sandboxes"] == 0  # in-process engine, no Docker in this env
         assert c["machine"] >= 0.5 * c["trainer"]  # the machine's count includes the trainer (sampling jitter aside)
+        assert r["summary"]["trainer_cpu_s_per_traj"] > 0
     assert set(doc["goal"]["variants"]) == {"sao"}
     assert (tmp_path / "throughput.png").stat().st_size > 0
     assert json.loads((tmp_path / "runs" / "sao.cpu.json").read_text())[0]["trainer"] >= 0
