@@ -158,7 +158,9 @@ def arm_result(name: str, summary: dict[str, Any], sft_eval: dict[str, Any], run
         "rl_load_avg": train.get("load_avg"),
         "eval_wall_s": after.get("wall_s"),
         "time_limited_sft": sft_eval.get("time_limited", 0),
-        "time_limited_rl": time_limited(run_dir / f"{ARM_STAGES.index('eval'):02d}_eval", int(after["episodes"])),
+        "time_limited_rl": after["time_limited"]
+        if "time_limited" in after
+        else time_limited(run_dir / f"{ARM_STAGES.index('eval'):02d}_eval", int(after["episodes"])),
         "curves": curve,
     }
 
@@ -250,7 +252,8 @@ def run(cc: ConfirmConfig, echo: Callable[[str], None] = print) -> dict[str, Any
         shared = staged_in_fresh_process(shared_cfg, cc.overrides)
     sft_eval = shared["evals"][-1]
     sft_eval_dir = shared_dir / f"{SHARED_STAGES.index('eval'):02d}_eval"
-    sft_eval["time_limited"] = time_limited(sft_eval_dir, int(sft_eval["episodes"]))
+    if "time_limited" not in sft_eval:  # a summary written before the eval stage counted it
+        sft_eval["time_limited"] = time_limited(sft_eval_dir, int(sft_eval["episodes"]))
     echo(f"   after SFT: success {sft_eval['success']:.3f} on {sft_eval['episodes']} held-out tasks")
     results, summaries = [], {}
     for name, cfg in arm_cfgs.items():

@@ -141,6 +141,8 @@ def episode_scores(trajs: list[Trajectory], tokenizer: Any) -> dict[str, Any]:
         "success": sum(bool(t.info.get("solved")) for t in ok) / n,
         "valid_tool_call_rate": valid / n,
         "mean_turns": sum(int(t.info.get("turns", 0)) for t in ok) / n,
+        # cut by the env's wall-clock limit: on a loaded machine this scores correct work 0, so tables show it
+        "time_limited": sum(t.info.get("truncation_reason") == "time_limit" for t in ok),
         "solved_by_task": {t.task_id: int(bool(t.info.get("solved"))) for t in ok},
     }
 
@@ -295,15 +297,15 @@ def _fmt(v: Any) -> str:
 def score_table(results: list[dict[str, Any]]) -> str:
     """The evals as a Markdown table (success with its binomial standard error)."""
     lines = [
-        "| model | held-out episodes | success | valid tool-call rate | mean turns |",
-        "|---|---|---|---|---|",
+        "| model | held-out episodes | success | valid tool-call rate | mean turns | cut by time limit |",
+        "|---|---|---|---|---|---|",
     ]
     for r in results:
         n, p = max(int(r["episodes"]), 1), float(r["success"])
         se = (p * (1 - p) / n) ** 0.5
         lines.append(
             f"| {r['label']} | {r['episodes']} | {p:.3f} ± {se:.3f} | {r['valid_tool_call_rate']:.3f} | "
-            f"{r['mean_turns']:.2f} |"
+            f"{r['mean_turns']:.2f} | {r.get('time_limited', 0)} |"
         )
     return "\n".join(lines)
 

@@ -35,12 +35,14 @@ def test_episode_scores_count_valid_tool_calls_success_and_turns(smollm2_dir: Pa
         _traj(tok, "d", ["<tool_call>{not json</tool_call>", "```python\nprint(2 * 3)\n```", "x"], False),
         Trajectory("e", "sao/PythonTool-v0", (), 0.0, "infra_error", {"infra_error": "sandbox died"}),
     ]
+    trajs[3].info["truncation_reason"] = "time_limit"  # cut by the env's wall-clock limit
     s = episode_scores(trajs, tok)
     assert s["episodes"] == 4 and s["infra_errors"] == 1
     assert s["success"] == 0.5
     assert s["valid_tool_call_rate"] == 0.5  # a (tool_call) and d (fenced block, the env's other call form)
     assert s["mean_turns"] == pytest.approx((2 + 2 + 1 + 3) / 4)
     assert s["solved_by_task"] == {"a": 1, "b": 0, "c": 1, "d": 0}
+    assert s["time_limited"] == 1
 
 
 def test_paired_difference_uses_the_tasks_both_evals_ran() -> None:
