@@ -264,7 +264,7 @@ def run_stages(cfg: Config, resume: str | None) -> Path:
             if rank0:
                 _write_json(done, res)
             dist_utils.barrier()
-            gc.collect()
+            _release_memory()
         every.append(res)
         if stage == "collect":
             collected = out / "trajectories.jsonl"
@@ -279,6 +279,19 @@ def run_stages(cfg: Config, resume: str | None) -> Path:
     if rank0:
         _report(run_dir, cfg, results, every, time.perf_counter() - t_run)
     return run_dir
+
+
+def _release_memory() -> None:
+    """After a stage: collect its objects and hand glibc's freed heap back to the system, so the next stage does
+    not sit on the previous one's memory (an eval after ``train`` was seen holding ~9 GiB and was OOM-killed on a
+    busy machine; SmolLM2 + one AdamW step, deleted: 1,037 MiB resident after gc, 441 MiB after the trim)."""
+    gc.collect()
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to trim
+        pass
 
 
 def _cpu_s() -> float:
