@@ -561,7 +561,13 @@ def reap_orphans(docker_host: str | None = None) -> list[str]:
         except ValueError:
             continue
         if not _pid_alive(pid):
-            with contextlib.suppress(docker.errors.NotFound):
+            try:
                 client.api.remove_container(c["Id"], force=True, v=True)
-                removed.append(c["Id"])
+            except docker.errors.NotFound:
+                continue
+            except docker.errors.APIError as e:
+                if e.status_code == 409:  # another process sharing the daemon is removing it right now
+                    continue
+                raise
+            removed.append(c["Id"])
     return removed

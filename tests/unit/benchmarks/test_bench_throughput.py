@@ -188,7 +188,8 @@ def test_cpu_sampler_sees_a_busy_child_process_and_the_machine() -> None:
     assert len(samples) >= 3 and samples[-1]["t"] > samples[0]["t"]
     # the loop used 1 s of CPU; sampled every 0.2 s, all but its last period's is seen (its last value is kept)
     assert 0.6 <= samples[-1]["other_children"] - samples[0]["other_children"] <= 1.3
-    assert samples[-1]["vllm"] == 0.0
+    # the loop is not counted as vLLM (a vLLM process another test left under this process may add a little)
+    assert samples[-1]["vllm"] - samples[0]["vllm"] < 0.5
     assert samples[-1]["machine"] - samples[0]["machine"] >= 0.6
     c = cores_used(samples, samples[0]["t"], samples[-1]["t"])
     assert 0.0 < c["other_children"] <= 1.05 and c["window_s"] >= 0.8

@@ -1,0 +1,58 @@
+"""reap_orphans on a daemon shared by several processes (two simulated Ray nodes, or two runs on one host): a
+container another reaper is already removing answers 409, which is not an error; any other API error still is."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from typing import Any
+
+import docker
+import pytest
+import requests
+
+import sandboxes.docker as sdocker
+
+
+def _dead_pid() -> int:
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    return p.pid
+
+
+class _Api:
+    def __init__(self, statuses: dict[str, int]) -> None:
+        self.statuses = statuses
+        self.pid = _dead_pid()
+
+    def containers(self, all: bool, filters: dict[str, str]) -> list[dict[str, Any]]:
+        labels = {"sao.owner": "sao", "sao.owner_host": socket.gethostname(), "sao.owner_pid": str(self.pid)}
+        return [{"Id": cid, "Labels": labels} for cid in self.statuses]
+
+    def remove_container(self, cid: str, force: bool, v: bool) -> None:
+        status = self.statuses[cid]
+        if status == 404:
+            raise docker.errors.NotFound("gone")
+        if status != 204:
+            resp = requests.Response()
+            resp.status_code = status
+            raise docker.errors.APIError("removal failed", response=resp)
+
+
+class _Client:
+    def __init__(self, statuses: dict[str, int]) -> None:
+        self.api = _Api(statuses)
+
+
+def test_a_removal_already_in_progress_is_skipped(monkeypatch: pytest.MonkeyPatch) -> None:
+    client = _Client({"a": 409, "b": 204, "c": 404})
+    monkeypatch.setattr(sdocker, "get_client", lambda host=None: client)
+    assert sdocker.reap_orphans() == ["b"]
+
+
+def test_other_api_errors_still_raise(monkeypatch: pytest.MonkeyPatch) -> None:
+    client = _Client({"a": 500})
+    monkeypatch.setattr(sdocker, "get_client", lambda host=None: client)
+    with pytest.raises(docker.errors.APIError):
+        sdocker.reap_orphans()
