@@ -48,6 +48,8 @@ def _options(resources: dict[str, Any], name: str, max_restarts: int = 0) -> dic
 _WATCHDOG = """
 import os, signal, sys, time
 parent, group = int(sys.argv[1]), int(sys.argv[2])
+if os.fork() > 0:  # leave the actor's process tree: Ray kills a dead actor's children, and this one must outlive it
+    os._exit(0)
 def gone(pid, kill=os.kill):
     try:
         kill(pid, 0)
@@ -228,6 +230,9 @@ class RayRolloutRunner:
         live = [i for i in range(len(self.workers)) if i not in self.dead]
         task_id = episode.task_id or f"task-{episode.index}"
         if not live:
+            # not a hot loop: with every worker gone (e.g. the job's driver died and Ray is ending its actors) the
+            # coordinator would otherwise write thousands of these records a second
+            await asyncio.sleep(1.0)
             return infra_error_trajectory(task_id, self.env_id, "no live rollout worker left", with_traceback=False)
         i = min(live, key=lambda j: self.busy[j])
         self.busy[i] += 1

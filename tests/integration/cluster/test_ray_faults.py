@@ -28,7 +28,7 @@ from tests.integration.cluster.test_ray_backend import overrides as token_game_o
 
 pytestmark = [pytest.mark.vllm, pytest.mark.deepspeed, pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(1200)]
 
-STEPS = 3
+STEPS = 20  # the killed run is asked for more steps than it lives to train
 
 
 def overrides(run_dir: Path, address: str, image: str) -> list[str]:
@@ -159,33 +159,54 @@ def test_sandbox_host_kill_then_driver_kill_then_resume(
     finally:
         if driver.poll() is None:
             driver.kill()
+    ckpt = latest_checkpoint(run_dir)
+    assert ckpt is not None
+    saved = int(ckpt.name.rsplit("_", 1)[-1])  # the driver may have got a step further on a quick machine
     before = (run_dir / "metrics.jsonl").read_text().splitlines()
-    trajs_before = [r["trajectory"] for r in _read(run_dir / "trajectories.jsonl") if "trajectory" in r]
-    assert [json.loads(x)["step"] for x in before] == [1, 2], "the driver was killed after step 3 had started"
+    assert saved >= 2 and [json.loads(x)["step"] for x in before][:saved] == list(range(1, saved + 1))
     _wait("Ray to end the killed driver's actors", lambda: not _sao_actors(), None, log, timeout=120)
     _wait("the engine's vLLM server to end", lambda: not _pid_alive(engine_pid), None, log, timeout=90)
+    # and every process of its group (vLLM's engine core and workers), not only the API server
+    _wait("the engine's vLLM processes to end", lambda: not _group_alive(engine_pid), None, log, timeout=60)
 
     t1 = time.monotonic()
-    resumed = _sao(["--resume", str(run_dir)], log)
+    # two steps past the checkpoint: the resumed run must play new episodes, not only train the
+    # ones the ledger kept
+    resumed = _sao(["--resume", str(run_dir), f"run.total_steps={saved + 2}"], log)
     assert resumed.wait(600) == 0, log.read_text()[-4000:]
     t_resume = time.monotonic() - t1
 
     after = (run_dir / "metrics.jsonl").read_text().splitlines()
-    assert [json.loads(x)["step"] for x in after] == [1, 2, 3]
-    assert after[:2] == before, "steps 1-2 were trained again"
-    records = [r["trajectory"] for r in _read(run_dir / "trajectories.jsonl") if "trajectory" in r]
+    assert [json.loads(x)["step"] for x in after] == list(range(1, saved + 3))
+    assert after[:saved] == before[:saved], "steps up to the checkpoint were trained again"
+    rows = _read(run_dir / "trajectories.jsonl")
+    records = [r["trajectory"] for r in rows if "trajectory" in r]
+    # what the resumed run wrote: after its resume marker (the killed run's rank 0 may write a little after the kill)
+    mark = max(i for i, r in enumerate(rows) if r.get("type") == "resume")
+    after_resume = [r["trajectory"] for r in rows[mark:] if "trajectory" in r]
     host_errors = [t for t in records if "sandbox host" in t["info"].get("infra_error", "")]
-    resumed_nodes = {t["info"].get("ray_node") for t in records[len(trajs_before) :] if t["status"] != "infra_error"}
+    resumed_nodes = {t["info"].get("ray_node") for t in after_resume if t["status"] != "infra_error"}
     print(
         f"sandbox host killed at {t_host:.0f} s, driver at {t_driver:.0f} s; resume took {t_resume:.0f} s; "
         f"{len(records)} trajectories, {len(host_errors)} infra errors from the sandbox host"
     )
     assert host_errors, "no episode of the killed sandbox host was recorded as an infra error"
     assert all(t["status"] == "infra_error" for t in host_errors)
-    assert len(resumed_nodes) == 2, f"after the resume, rollouts ran on {len(resumed_nodes)} node(s)"
+    assert resumed_nodes, "the resumed run played no episode"
+    assert not [t for t in after_resume if t["status"] == "infra_error"], "the resumed run had infra errors"
+    played = {t["info"].get("ray_node") for t in records if t["status"] != "infra_error"}
+    assert len(played) == 2, f"rollouts ran on {len(played)} node(s)"
     left = {pid: _containers_of(pid) for pid in hosts_pids}
     assert not any(left.values()), f"containers of the killed run's sandbox hosts left: {left}"
     assert (run_dir / "final" / "actor" / "config.json").exists()
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
 
 
 def _pid_alive_or_none(handle: Any) -> dict[str, Any] | None:
