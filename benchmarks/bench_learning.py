@@ -31,6 +31,7 @@ from benchmarks.rl_bench_common import (
     env_texts,
     finite_mean,
     load_yaml,
+    map_in_workers,
     mean_std,
     print_table,
     register_bench_algorithms,
@@ -299,34 +300,6 @@ def _worker_init() -> None:
     register_bench_algorithms()
 
 
-def _map(
-    fn: Callable[..., Any], calls: list[tuple[Any, ...]], jobs: int, each: Callable[[int, Any], None]
-) -> list[Any]:
-    """``fn(*call)`` for every call, in this process (``jobs`` <= 1) or in ``jobs`` spawned worker processes;
-    ``each(i, result)`` as each finishes (progress). Results in call order; a failed call raises here."""
-    results: list[Any] = [None] * len(calls)
-    if jobs <= 1:
-        for i, c in enumerate(calls):
-            results[i] = fn(*c)
-            each(i, results[i])
-        return results
-    import multiprocessing
-    import os
-    from concurrent.futures import ProcessPoolExecutor, as_completed
-
-    os.environ["SAO_BENCH_WORKER"] = "1"  # read by _worker_init in the spawned children (they copy the env)
-    try:
-        with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-            futs = {pool.submit(fn, *c): i for i, c in enumerate(calls)}
-            for f in as_completed(futs):
-                i = futs[f]
-                results[i] = f.result()
-                each(i, results[i])
-    finally:
-        os.environ.pop("SAO_BENCH_WORKER", None)
-    return results
-
-
 def run(lc: LearningConfig, echo: Callable[[str], None] = print) -> dict[str, Any]:
     """Every (task, variant, seed) run, the table, JSON + PNGs; returns the JSON document. With ``lc.jobs`` > 1
     the warm starts, then the runs, go to that many worker processes (one torch thread each)."""
@@ -376,7 +349,7 @@ def run(lc: LearningConfig, echo: Callable[[str], None] = print) -> dict[str, An
              f"{c['acc']:.2f}, entropy {c['entropy']:.2f} nats "
              + " ".join(f"[{r}: p {v['p_right']:.2f}]" for r, v in c["by_rule"].items()))  # fmt: skip
 
-    warm = dict(zip(keys, _map(_warm_job, [warm_calls[k] for k in keys], lc.jobs, warm_done), strict=True))
+    warm = dict(zip(keys, map_in_workers(_warm_job, [warm_calls[k] for k in keys], lc.jobs, warm_done), strict=True))
     doc["warm_starts"] = {f"{f}/seed{s}": {"model": m, "check": c} for (f, s), (m, c) in warm.items()}
     calls, cfgs = [], []
     for task, variant, seed, steps in plan:
@@ -397,7 +370,7 @@ def run(lc: LearningConfig, echo: Callable[[str], None] = print) -> dict[str, An
         )
 
     results_seen = [False] * len(plan)
-    results = _map(_run_job, calls, lc.jobs, run_done)
+    results = map_in_workers(_run_job, calls, lc.jobs, run_done)
     for task in task_names:
         task_spec = spec["tasks"][task]
         shift = None

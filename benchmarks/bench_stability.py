@@ -30,6 +30,7 @@ from benchmarks.rl_bench_common import (
     env_texts,
     finite_mean,
     load_yaml,
+    map_in_workers,
     print_table,
     register_bench_algorithms,
     smoothed,
@@ -205,36 +206,6 @@ def _run_job(cfg: dict[str, Any], run_dir: str, log: str | None) -> tuple[int, f
     return len(rows), wall, _curve(rows, "success_rate")
 
 
-def _pool_map(
-    fn: Callable[..., Any],
-    calls: list[tuple[Any, ...]],
-    jobs: int,
-    each: Callable[[int, Any], None],
-    progress: Callable[[set[int]], None] | None = None,
-    every_s: float = 60.0,
-) -> None:
-    """``fn(*call)`` for every call: in this process when ``jobs`` is 1, else in ``jobs`` spawned worker
-    processes (a fresh process per call: a finished run's models and process group do not stay behind).
-    ``each(i, result)`` as call ``i`` finishes; ``progress(running)`` every ``every_s`` seconds meanwhile."""
-    if jobs <= 1:
-        for i, c in enumerate(calls):
-            each(i, fn(*c))
-        return
-    import multiprocessing
-    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-
-    ctx = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(jobs, mp_context=ctx, max_tasks_per_child=1) as pool:
-        futs = {pool.submit(fn, *c): i for i, c in enumerate(calls)}
-        pending = set(futs)
-        while pending:
-            finished, pending = wait(pending, timeout=every_s, return_when=FIRST_COMPLETED)
-            for f in finished:
-                each(futs[f], f.result())
-            if pending and progress is not None:
-                progress({futs[f] for f in pending if f.running()})
-
-
 def run(sc: StabilityConfig, echo: Callable[[str], None] = print) -> dict[str, Any]:
     """Every (variant, seed) run not already finished, then the summary table, JSON and plot. With ``sc.jobs``
     > 1 the warm starts, then the runs, go to that many worker processes (one torch thread each, output in
@@ -288,7 +259,7 @@ def _train_all(
         def warm_done(i: int, model: str) -> None:
             models[seeds[i]] = model
 
-        _pool_map(_warm_job, warm_calls, sc.jobs, warm_done)
+        map_in_workers(_warm_job, warm_calls, sc.jobs, warm_done, fresh_process=True)
         echo(f"warm starts ({len(seeds)}) ready after {time.perf_counter() - t_all:.0f}s")
     calls: list[tuple[Any, ...]] = []
     for variant, seed in todo:
@@ -327,7 +298,7 @@ def _train_all(
         eta = f", ~{el / done_steps * (total - done_steps) / 60:.0f} min left" if done_steps else ""
         echo(f"[{finished}/{len(todo)} runs done] {', '.join(parts)}; {el / 60:.1f} min{eta}")
 
-    _pool_map(_run_job, calls, sc.jobs, one_done, progress)
+    map_in_workers(_run_job, calls, sc.jobs, one_done, progress, fresh_process=True)
 
 
 def report(

@@ -425,3 +425,44 @@ def warm_start_check(
     out: dict[str, Any] = agg([r for rows in stats.values() for r in rows])
     out["by_rule"] = {k: agg(v) for k, v in stats.items()}
     return out
+
+
+def map_in_workers(
+    fn: Callable[..., Any],
+    calls: list[tuple[Any, ...]],
+    jobs: int,
+    each: Callable[[int, Any], None],
+    progress: Callable[[set[int]], None] | None = None,
+    every_s: float = 60.0,
+    fresh_process: bool = False,
+) -> list[Any]:
+    """``fn(*call)`` for every call: in this process when ``jobs`` <= 1, else in ``jobs`` spawned worker processes
+    (``SAO_BENCH_WORKER=1`` in their environment; ``fresh_process``: a new process per call, so a finished run's
+    models and process group do not stay behind). ``each(i, result)`` as call ``i`` finishes; ``progress(running)``
+    every ``every_s`` seconds meanwhile. Results in call order; a failed call raises here."""
+    results: list[Any] = [None] * len(calls)
+    if jobs <= 1:
+        for i, c in enumerate(calls):
+            results[i] = fn(*c)
+            each(i, results[i])
+        return results
+    import multiprocessing
+    import os
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+
+    os.environ["SAO_BENCH_WORKER"] = "1"  # the spawned children copy the environment
+    try:
+        ctx = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(jobs, mp_context=ctx, max_tasks_per_child=1 if fresh_process else None) as pool:
+            futs = {pool.submit(fn, *c): i for i, c in enumerate(calls)}
+            pending = set(futs)
+            while pending:
+                finished, pending = wait(pending, timeout=every_s, return_when=FIRST_COMPLETED)
+                for f in finished:
+                    results[futs[f]] = f.result()
+                    each(futs[f], results[futs[f]])
+                if pending and progress is not None:
+                    progress({futs[f] for f in pending if f.running()})
+    finally:
+        os.environ.pop("SAO_BENCH_WORKER", None)
+    return results

@@ -176,7 +176,7 @@ def test_demonstrations_follow_the_oracle_settings(tmp_path: Path) -> None:
 
 def test_map_runs_calls_in_worker_processes_in_order() -> None:
     """``--jobs``: results come back in call order whatever order the workers finish in; progress per call."""
-    from benchmarks.bench_learning import _map
+    from benchmarks.rl_bench_common import map_in_workers as _map
 
     seen: list[int] = []
     assert _map(pow, [(2, 3), (3, 2), (5, 1)], 2, lambda i, _: seen.append(i)) == [8, 9, 5]

@@ -102,7 +102,7 @@ def test_pool_map_runs_calls_in_workers_with_progress() -> None:
     import operator
     import time as _time
 
-    from benchmarks.bench_stability import _pool_map
+    from benchmarks.rl_bench_common import map_in_workers as _pool_map
 
     got: dict[int, object] = {}
     seen: list[set[int]] = []
