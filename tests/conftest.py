@@ -108,3 +108,13 @@ def _no_leftover_containers() -> Iterator[None]:
         return
     if out:
         subprocess.run(["docker", "rm", "-f", *out], capture_output=True, timeout=60)
+
+
+def cli_env() -> dict[str, str]:
+    """The environment for a `sao` subprocess of a test: this process's, without the torch.distributed rank variables
+    (the child starts its own world), with the shared DeepSpeed op cache."""
+    from saocore.paths import torch_extensions_dir
+
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env.setdefault("TORCH_EXTENSIONS_DIR", str(torch_extensions_dir()))
+    return env

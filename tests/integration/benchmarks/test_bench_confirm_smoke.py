@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.conftest import cli_env
+
 pytestmark = [pytest.mark.slow, pytest.mark.docker, pytest.mark.deepspeed]
 ROOT = Path(__file__).resolve().parents[3]
 TINY = [
@@ -26,11 +28,8 @@ TINY = [
 def test_confirm_bench_runs_both_arms_from_one_sft_checkpoint_and_reports(
     tmp_path: Path, smollm2_dir: Path, base_image: str
 ) -> None:
-    from saocore.paths import torch_extensions_dir
-
     out = tmp_path / "confirm"
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    env.setdefault("TORCH_EXTENSIONS_DIR", str(torch_extensions_dir()))
+    env = cli_env()
     sets = [a for s in TINY for a in ("--set", s)]
     t0 = time.time()
     # A session of its own: on a timeout the whole group goes, the bench's spawned stage processes included.

@@ -4,13 +4,14 @@ SmolLM2 with DeepSpeed, held-out evals), sized down with overrides; the full job
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import cli_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.docker, pytest.mark.deepspeed]
 ROOT = Path(__file__).resolve().parents[3]
@@ -24,11 +25,8 @@ TINY = [
 def test_staged_quickstart_runs_every_stage_and_prints_the_table(
     tmp_path: Path, smollm2_dir: Path, base_image: str
 ) -> None:
-    from saocore.paths import torch_extensions_dir
-
     run = tmp_path / "qs"
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    env.setdefault("TORCH_EXTENSIONS_DIR", str(torch_extensions_dir()))
+    env = cli_env()
     t0 = time.time()
     res = subprocess.run(
         [sys.executable, "-m", "sao_cli.main", "train", str(ROOT / "configs/quickstart.yaml"), f"run.dir={run}", *TINY],
