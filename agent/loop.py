@@ -7,6 +7,13 @@ that reward lands on the last action segment.
 The last observation (after the env ended the episode) is never shown to the model, so it is not a segment;
 its text is kept in ``info["final_observation"]``.
 
+The context budget (``AgentConfig.max_context_tokens``) has one rule: an episode that reaches it ends
+"truncated" (``truncation_reason="context_length"``), graded by the env on what exists, and its trajectory never
+holds more than the budget. It is reached when an action fills the last room (that action, maybe cut mid-call, is
+kept for training but not executed) or when the next observation would leave no room for another action token
+(that observation is not appended: it goes to ``info["final_observation"]``, so the trajectory ends on an action
+and the trainer bootstraps from V there).
+
 Render drift: with ``check_render=True`` the loop renders the whole conversation afresh with the chat template at
 the end and compares it with the token ids the model actually saw; ``info["render_drift"]`` is the fraction of
 positions that differ (0.0: identical) and ``info["render_drift_at"]`` the first differing position (-1: none).
@@ -81,7 +88,8 @@ async def run_episode(
     options: dict[str, Any] | None = None,
     check_render: bool = False,
 ) -> Trajectory:
-    """Play one episode. Env exceptions propagate (the episode runner records them as infra errors)."""
+    """Play one episode. Env exceptions propagate (the episode runner records them as infra errors), and so does
+    a ``ValueError`` when the first prompt alone fills ``max_context_tokens`` (a config error, not an episode)."""
     chat = ChatRenderer(tokenizer, cfg.tool_role)
     timings = {"engine_s": 0.0, "env_s": 0.0, "total_s": 0.0}
     turns = 0
@@ -97,11 +105,14 @@ async def run_episode(
     stop_ids = tuple(chat.stop_token_ids())
     seen_before_last: list[int] = list(ids)
     messages_before_last = list(messages)
+    if len(ids) >= cfg.max_context_tokens:
+        raise ValueError(
+            f"task {task_id}: the first prompt is {len(ids)} tokens, max_context_tokens is {cfg.max_context_tokens}; "
+            "raise rollout.max_context_tokens or shorten the system prompt / task"
+        )
     try:
         for _turn in range(cfg.max_turns):
             room = cfg.max_context_tokens - len(ids)
-            if room < 1:
-                raise _EndEpisode("truncated", "context_length")
             n_max = min(cfg.max_action_tokens, room)
             sp = SamplingParams(n_max, cfg.temperature, cfg.top_p, (), stop_ids, top_k=cfg.top_k)
             t0 = time.perf_counter()
@@ -110,9 +121,14 @@ async def run_episode(
             except EngineError as e:
                 raise _EndEpisode("infra_error", f"engine: {e}") from e
             t1 = time.perf_counter()
+            timings["engine_s"] += t1 - t0
+            if len(ids) + len(gen.token_ids) >= cfg.max_context_tokens:
+                segments.append(Segment("action", gen.token_ids, gen.logprobs, gen.version, 0.0))
+                seen_before_last, messages_before_last = list(ids), list(messages)
+                turns += 1
+                raise _EndEpisode("truncated", "context_length")
             action = chat.action_text(list(gen.token_ids))
             obs, reward, terminated, truncated, step_info = await env.astep(action)
-            timings["engine_s"] += t1 - t0
             timings["env_s"] += time.perf_counter() - t1
             turns += 1
             segments.append(Segment("action", gen.token_ids, gen.logprobs, gen.version, float(reward)))
@@ -127,11 +143,12 @@ async def run_episode(
                 raise _EndEpisode("ok" if terminated else "truncated", "env")
             message = chat.message(str(step_info.get("role", "user")), obs)
             obs_ids = chat.render_after_action(list(gen.token_ids), message)
+            if len(ids) + len(obs_ids) >= cfg.max_context_tokens:
+                end_info["final_observation"] = obs
+                raise _EndEpisode("truncated", "context_length")
             segments.append(Segment("observation", tuple(obs_ids)))
             ids = ids + obs_ids
             messages.append(message)
-            if len(ids) >= cfg.max_context_tokens:
-                raise _EndEpisode("truncated", "context_length")
         raise _EndEpisode("truncated", "max_turns")
     except _EndEpisode as end:
         status = end.status

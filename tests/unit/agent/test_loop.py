@@ -81,7 +81,40 @@ async def test_context_length_ends_the_episode_as_truncated() -> None:
     cfg = AgentConfig(max_context_tokens=400, max_action_tokens=8)
     traj = await run_episode(env, engine, TOK, cfg)
     assert traj.status == "truncated" and traj.info["truncation_reason"] == "context_length"
-    assert all(len(p) < cfg.max_context_tokens for p in engine.prompts) and traj.num_tokens >= 400
+    assert all(len(p) < cfg.max_context_tokens for p in engine.prompts)
+    # The observation that did not fit is not appended: the trajectory stays within the budget and ends on an
+    # action (what the trainer bootstraps from), and the model never saw that observation.
+    assert traj.num_tokens <= cfg.max_context_tokens and traj.segments[-1].kind == "action"
+    assert traj.info["final_observation"] == "x" * 200 and len(env.actions) == traj.info["turns"]
+
+
+async def test_an_action_that_fills_the_context_is_kept_but_not_executed() -> None:
+    env = GradingEnv([("o", 0.0, False, False, {})] * 10)
+    prompt = await run_episode(
+        ScriptedEnv([("o", 1.0, True, False, {})]), ScriptedEngine([act("a")]), TOK, AgentConfig()
+    )
+    n_prompt = len(prompt.segments[0].token_ids)
+    # Room for 11 tokens: the 20-token action is cut there by the budget.
+    cfg = AgentConfig(max_context_tokens=n_prompt + 11, max_action_tokens=20)
+    engine = ScriptedEngine([act("y" * 20, eos=False)])
+    traj = await run_episode(env, engine, TOK, cfg)
+    assert env.actions == [] and env.ended == ["context_length"]  # never executed; the env graded what exists
+    assert traj.status == "truncated" and traj.info["truncation_reason"] == "context_length"
+    assert [s.kind for s in traj.segments] == ["prompt", "action"] and len(traj.segments[1].token_ids) == 11
+    assert traj.num_tokens == cfg.max_context_tokens and traj.segments[1].reward == 1.0  # the grade sits on it
+    # Room for 12, actions of at most 11: the action runs, its observation does not fit, the episode ends there.
+    env = GradingEnv([("o", 0.0, False, False, {})] * 10)
+    cfg = AgentConfig(max_context_tokens=n_prompt + 12, max_action_tokens=11)
+    traj = await run_episode(env, engine, TOK, cfg)
+    assert env.actions == ["y" * 11] and env.ended == ["context_length"] and traj.segments[-1].kind == "action"
+    assert traj.num_tokens == n_prompt + 11 and traj.info["final_observation"] == "o"
+
+
+async def test_a_prompt_that_fills_the_context_is_a_config_error() -> None:
+    env = ScriptedEnv([("o", 1.0, True, False, {})], task="t" * 300)
+    with pytest.raises(ValueError, match="max_context_tokens"):
+        cfg = AgentConfig(max_context_tokens=200, max_action_tokens=8)
+        await run_episode(env, ScriptedEngine([act("a")]), TOK, cfg)
 
 
 async def test_env_truncation_and_step_cap() -> None:
