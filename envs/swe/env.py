@@ -28,6 +28,13 @@ before grading, so editing them changes nothing, but reading them shows the expe
 library code runs inside the grader's pytest, so a patch could still tamper with pytest itself (the reward is
 only as strong as the test run; nothing here detects that).
 
+Sized for small contexts: a tool result longer than ``max_obs_lines`` lines keeps its first and last lines around
+a visible ``... N lines omitted ...`` line, and lines longer than ``max_line_chars`` are cut the same way
+(``cut_lines``). With ``pass_to_pass_sample=N`` the reward runs only the instance's FAIL_TO_PASS tests and N of its
+PASS_TO_PASS tests, drawn per episode from the env's seeded generator (offline SAO tasks only; a faster reward for
+training: ``info["report"]["pass_to_pass_sampled"]`` says so); ``None`` (the default) grades as the official
+harness does, on every test.
+
 Tasks: ``reset(options={"task": record})`` or drawn by seed from ``tasks`` (a JSONL/JSON path or a list of
 records). Records are validated up front (``ValueError`` naming the field). Our offline tasks come from
 ``sao tasks build`` / ``envs.swe.tasks.ensure_offline_tasks``; official SWE-bench Verified records name their
@@ -45,7 +52,7 @@ from typing import Any
 
 import numpy as np
 
-from envs.base import Grade, ToolEnv
+from envs.base import Grade, ToolEnv, Turn
 from envs.protocols import Tool
 from envs.tools.bash import BashTool
 from envs.tools.editor import EditorTool
@@ -91,6 +98,23 @@ SYSTEM_PROMPT = (
 )
 
 
+def cut_lines(text: str, max_lines: int, max_line_chars: int) -> str:
+    """``text`` with at most ``max_lines`` lines (its first and last lines around a ``... N lines omitted ...``
+    line) and each line at most ``max_line_chars`` characters (head and tail around ``... N chars omitted ...``)."""
+    lines = text.split("\n")
+    if len(lines) > max_lines:
+        head = (max_lines + 1) // 2
+        tail = max_lines - head
+        lines = [*lines[:head], f"... {len(lines) - head - tail} lines omitted ...", *lines[len(lines) - tail :]]
+    out = []
+    for line in lines:
+        if len(line) > max_line_chars:
+            keep = max_line_chars // 2
+            line = f"{line[:keep]} ... {len(line) - 2 * keep} chars omitted ... {line[len(line) - keep :]}"
+        out.append(line)
+    return "\n".join(out)
+
+
 class SWEEnv(ToolEnv):
     """One SWE-bench-format instance per episode in a Docker sandbox (see the module docstring)."""
 
@@ -103,9 +127,21 @@ class SWEEnv(ToolEnv):
         tool_timeout_s: float = 180.0,
         max_steps: int = 50,
         max_wall_s: float = 3600.0,
+        max_obs_lines: int = 200,
+        max_line_chars: int = 400,
+        pass_to_pass_sample: int | None = None,
         **limits: Any,
     ) -> None:
         super().__init__(max_steps=max_steps, max_wall_s=max_wall_s, **limits)
+        if max_obs_lines < 2 or max_line_chars < 20:
+            raise ValueError(
+                f"SWEEnv: max_obs_lines={max_obs_lines} / max_line_chars={max_line_chars} leave nothing readable; "
+                "use max_obs_lines >= 2 and max_line_chars >= 20"
+            )
+        if pass_to_pass_sample is not None and pass_to_pass_sample < 0:
+            raise ValueError(f"SWEEnv: pass_to_pass_sample={pass_to_pass_sample}; use a count >= 0, or null for all")
+        self.max_obs_lines, self.max_line_chars = int(max_obs_lines), int(max_line_chars)
+        self.pass_to_pass_sample = pass_to_pass_sample
         from envs.swe.tasks.instance import load_instances, validate_instance
 
         if tasks is None:
@@ -141,7 +177,13 @@ class SWEEnv(ToolEnv):
 
         if isinstance(task, dict):
             task = with_official_image(task)
-        return copy.deepcopy(validate_instance(task))
+        task = copy.deepcopy(validate_instance(task))
+        if self.pass_to_pass_sample is not None and "sao_mutation" not in task:
+            raise ValueError(
+                f"task {task['instance_id']!r} is not an offline SAO task, so its eval script cannot run a sample "
+                "of PASS_TO_PASS; set the env's pass_to_pass_sample to null"
+            )
+        return task
 
     def task_info(self, task: Any) -> dict[str, Any]:
         return {"task_id": task["instance_id"], "image": task["image"]}
@@ -185,6 +227,11 @@ class SWEEnv(ToolEnv):
             SubmitTool("Submit your changes to the repository (its git diff) for grading; ends the episode."),
         ]
 
+    async def take_turn(self, action: str) -> Turn:
+        turn = await super().take_turn(action)
+        turn.observation = cut_lines(turn.observation, self.max_obs_lines, self.max_line_chars)
+        return turn
+
     async def teardown(self) -> None:
         sb, self._sandbox = self._sandbox, None
         if sb is not None:
@@ -218,7 +265,7 @@ class SWEEnv(ToolEnv):
 
         assert self._task is not None
         patch = await self.current_patch()
-        task = self._task
+        task = self._graded_task(self._task)
         try:
             result = await asyncio.to_thread(
                 grade_patch, task, patch, timeout=self.grade_timeout_s, docker_host=self.sandbox_cfg.docker_host
@@ -227,7 +274,20 @@ class SWEEnv(ToolEnv):
             raise SandboxError(str(e)) from e
         report = dict(result.report.get(task["instance_id"], {}))
         report.update({"instance_id": task["instance_id"], "model_patch": patch, "grading_s": result.seconds})
+        if self.pass_to_pass_sample is not None:
+            report["pass_to_pass_sampled"] = len(task["PASS_TO_PASS"])
         return Grade(reward=1.0 if result.resolved else 0.0, solved=result.resolved, report=report)
+
+    def _graded_task(self, task: dict[str, Any]) -> dict[str, Any]:
+        """The record the reward grades: the task, or with ``pass_to_pass_sample`` its FAIL_TO_PASS + a sample."""
+        if self.pass_to_pass_sample is None:
+            return task
+        from envs.swe.tasks.instance import with_test_sample
+
+        p2p = sorted(task["PASS_TO_PASS"])
+        k = min(self.pass_to_pass_sample, len(p2p))
+        picked = sorted(p2p[int(i)] for i in self.np_random.choice(len(p2p), size=k, replace=False)) if k else []
+        return with_test_sample(task, picked)
 
 
 def _ensure_image(image: str, instance_id: str, docker_host: str | None) -> None:

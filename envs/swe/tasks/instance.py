@@ -27,10 +27,12 @@ REQUIRED_FIELDS = (
 EVAL_TIMEOUT_S = 900
 
 
-def eval_script(base_commit: str, test_files: list[str]) -> str:
+def eval_script(base_commit: str, test_files: list[str], test_ids: list[str] | None = None) -> str:
     """The bash script the swebench harness runs in the instance container (patch already applied).
-    Test files are restored from ``base_commit`` first so a patch that edits tests cannot change the verdict."""
+    Test files are restored from ``base_commit`` first so a patch that edits tests cannot change the verdict.
+    pytest runs ``test_ids`` when given (test ids of ``test_files``), else the whole files."""
     files = " ".join(shlex.quote(f) for f in test_files)
+    selected = " ".join(shlex.quote(t) for t in test_ids) if test_ids else files
     return "\n".join(
         [
             "#!/bin/bash",
@@ -42,7 +44,7 @@ def eval_script(base_commit: str, test_files: list[str]) -> str:
             f"git -c core.fileMode=false diff {base_commit}",
             f"git checkout {base_commit} -- {files}",
             ": '>>>>> Start Test Output'",
-            f"timeout {EVAL_TIMEOUT_S} python -m pytest -p no:cacheprovider -rA --tb=short {files}",
+            f"timeout {EVAL_TIMEOUT_S} python -m pytest -p no:cacheprovider -rA --tb=short {selected}",
             ": '>>>>> End Test Output'",
             f"git checkout {base_commit} -- {files}",
             "",
@@ -114,6 +116,27 @@ def validate_instance(record: Any) -> dict[str, Any]:
     if record["eval_type"] not in {e.value for e in EvalType}:
         raise ValueError(f"task {iid!r}: eval_type must be one of {[e.value for e in EvalType]}")
     return record
+
+
+def with_test_sample(record: dict[str, Any], pass_to_pass: list[str]) -> dict[str, Any]:
+    """A copy of one of our offline records (``sao_mutation``) whose eval script runs only its FAIL_TO_PASS and
+    the given PASS_TO_PASS tests, and whose report counts only those: a faster reward for training. Records made
+    elsewhere carry their own eval scripts, which cannot be cut safely: they raise ``ValueError``."""
+    iid = record["instance_id"]
+    if "sao_mutation" not in record:
+        raise ValueError(
+            f"task {iid!r} is not an offline SAO task (no sao_mutation): its eval script cannot run a sample of "
+            "PASS_TO_PASS; set the env's pass_to_pass_sample to null for it"
+        )
+    f2p = _as_list(record["FAIL_TO_PASS"], "FAIL_TO_PASS", iid)
+    every = set(_as_list(record["PASS_TO_PASS"], "PASS_TO_PASS", iid))
+    unknown = [t for t in pass_to_pass if t not in every]
+    if unknown:
+        raise ValueError(f"task {iid!r}: {unknown[:3]} are not PASS_TO_PASS tests of it")
+    ids = [*f2p, *pass_to_pass]
+    files = sorted({t.split("::")[0] for t in ids})
+    script = eval_script(record["base_commit"], files, test_ids=ids)
+    return {**record, "PASS_TO_PASS": list(pass_to_pass), "eval_script": script}
 
 
 def with_official_image(record: dict[str, Any]) -> dict[str, Any]:
