@@ -12,6 +12,10 @@ generated ones, files and hub ids their rows as they are (JSON nulls dropped, so
 columns are found among common names (``problem``, ``prompt``, ``question``, ``Problem`` / ``answer``,
 ``Short Answer``, ``final_answer``...) or given with ``problem_key`` / ``answer_key``.
 
+``swe-offline:NAME`` is the training split of a named set of offline SWE tasks (``envs.swe.tasks.offline.TASK_SETS``,
+built and cached on first use) and ``swe-offline:NAME:heldout`` its held-out split; ``held_out_spec(spec)`` names
+the held-out split of a source that has one.
+
 ``arithmetic_tasks(n, seed)`` generates easy arithmetic problems meant to be solved with the python tool (the
 quickstart's training data): exact integer answers a small model can check by running one line of code.
 """
@@ -32,6 +36,7 @@ BENCHMARKS: dict[str, str] = {
     "imo_answerbench": "imo_answerbench_v2.csv",
 }
 ARITHMETIC = "arithmetic"
+SWE_OFFLINE = "swe-offline:"
 HUB_PROBE_TIMEOUT_S = 3.0
 PROBLEM_KEYS = ("problem", "prompt", "question", "Problem", "Question", "input")
 ANSWER_KEYS = ("answer", "Short Answer", "final_answer", "Answer", "solution_answer", "target")
@@ -189,6 +194,11 @@ def load_tasks(
     """
     if spec == ARITHMETIC:
         return arithmetic_tasks(num_generated if limit is None else min(limit, num_generated), seed=seed)
+    if spec.startswith(SWE_OFFLINE):
+        from envs.swe.tasks.offline import task_set
+
+        name, _, part = spec[len(SWE_OFFLINE) :].partition(":")
+        return task_set(name, part or "train")[:limit]
     if spec in BENCHMARKS:
         return list(load_math_tasks(spec, limit=limit))
     ds, _ = load_records(spec, split=split)
@@ -200,6 +210,13 @@ def load_tasks(
     if not out:
         raise ValueError(f"{spec}: no task records (split {split!r})")
     return out
+
+
+def held_out_spec(spec: str | None) -> str | None:
+    """The held-out split of task source ``spec`` when it has one (``swe-offline:NAME``), else ``None``."""
+    if spec and spec.startswith(SWE_OFFLINE) and spec.count(":") == 1:
+        return f"{spec}:heldout"
+    return None
 
 
 def arithmetic_tasks(n: int, seed: int = 0) -> list[dict[str, str]]:

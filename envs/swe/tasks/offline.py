@@ -1,4 +1,5 @@
-"""A small cached set of offline SWE tasks for tests, evals and demos: ``ensure_offline_tasks()``.
+"""Cached sets of offline SWE tasks: ``ensure_offline_tasks()`` (tests, evals, demos) and the named task sets of
+the SWE training job (``task_set(name, split)``, ``env.tasks: swe-offline:NAME``).
 
 The task records are cached as JSONL in ``<cache>/swe/tasks/`` under a key of (packages, count, seed, recipe);
 images are rebuilt from the records when the Docker host lost them (e.g. a fresh CI daemon with a restored cache):
@@ -13,12 +14,14 @@ import hashlib
 import json
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from envs.swe.tasks import fetch, images
 from envs.swe.tasks.builder import BuildConfig, build_tasks
 from envs.swe.tasks.instance import load_instances
+from envs.swe.tasks.mutations import OPERATORS
 
 # The two fastest suites among the offline sdists measured here (six: ~2 s, toolz: ~5 s for the whole suite).
 DEFAULT_PACKAGES = ("six==1.17.0", "toolz==1.2.0")
@@ -75,8 +78,10 @@ def ensure_offline_tasks(
     packages: tuple[str, ...] = DEFAULT_PACKAGES,
     seed: int = 0,
     workers: int = 2,
+    min_per_package: int | None = None,
 ) -> list[dict[str, Any]]:
-    """``n_per_package`` validated tasks from each sdist in ``packages``, built once and cached, images ensured."""
+    """``n_per_package`` validated tasks from each sdist in ``packages``, built once and cached, images ensured.
+    With ``min_per_package`` a package whose candidate bugs run out keeps what it found (at least that many)."""
     key = hashlib.sha256(
         json.dumps([TASKS_RECIPE_VERSION, images.IMAGE_RECIPE_VERSION, sorted(packages), n_per_package, seed]).encode()
     ).hexdigest()[:12]
@@ -92,10 +97,56 @@ def ensure_offline_tasks(
             cfg = BuildConfig(sdists=list(packages), bugs=n_per_package, out=partial, seed=seed, workers=workers)
             records = build_tasks(cfg)
             counts = {p: sum(r["sao_mutation"]["sdist"] == p for r in records) for p in packages}
-            short = [p for p, n in counts.items() if n < n_per_package]
+            need = n_per_package if min_per_package is None else min(min_per_package, n_per_package)
+            short = [p for p, n in counts.items() if n < need]
             if short:
                 raise RuntimeError(f"offline task build found too few bugs for {short} ({counts})")
             partial.rename(path)
         records = load_instances(path)
         ensure_task_images(records)
     return records
+
+
+@dataclass(frozen=True)
+class TaskSet:
+    """A named set of offline tasks for a training job, split by the file holding the bug.
+
+    ``packages`` / ``bugs``: the sdists and the bugs wanted from each (``min_bugs``: fewer are kept when a package
+    runs out of candidates, down to this many); ``held_out_paths``: source files (repo-relative) whose bugs form the
+    ``heldout`` split, so training never sees those files nor their bugs; ``operators``: the bug families kept
+    (``mutations.OPERATORS``; narrower for a small model).
+    """
+
+    packages: tuple[str, ...]
+    bugs: int
+    held_out_paths: tuple[str, ...]
+    min_bugs: int | None = None
+    operators: tuple[str, ...] = OPERATORS
+
+
+TASK_SETS: dict[str, TaskSet] = {
+    # The CI smoke: the four tasks the other SWE tests build (cached in CI): toolz trains, six is held out.
+    "smoke": TaskSet(DEFAULT_PACKAGES, 2, held_out_paths=("six.py",)),
+    # configs/swe_quickstart.yaml: toolz trains with its dicttoolz module held out; six is held out entirely.
+    "quickstart": TaskSet(DEFAULT_PACKAGES, 24, held_out_paths=("toolz/dicttoolz.py", "six.py"), min_bugs=12),
+}
+SPLITS = ("train", "heldout")
+
+
+def task_set(name: str, split: str = "train") -> list[dict[str, Any]]:
+    """The ``split`` (``train`` / ``heldout``) of task set ``name``: built on first use (minutes), then cached."""
+    if name not in TASK_SETS:
+        raise ValueError(f"unknown SWE task set {name!r}; choose from {', '.join(sorted(TASK_SETS))}")
+    if split not in SPLITS:
+        raise ValueError(f"SWE task set {name!r}: unknown split {split!r}; choose from {', '.join(SPLITS)}")
+    ts = TASK_SETS[name]
+    records = ensure_offline_tasks(ts.bugs, ts.packages, min_per_package=ts.min_bugs)
+    held = set(ts.held_out_paths)
+    out = [
+        r
+        for r in records
+        if r["sao_mutation"]["operator"] in ts.operators and (r["sao_mutation"]["path"] in held) == (split == "heldout")
+    ]
+    if not out:
+        raise RuntimeError(f"SWE task set {name!r} has no {split} tasks; widen its packages or held_out_paths")
+    return out

@@ -1,0 +1,200 @@
+"""SWEDemonstratorEngine (model spec ``swe_demonstrator``): works SWE tasks through the env's own tools.
+
+It is an ``Engine`` like any model, so its episodes go through the one episode loop, the SWE env and its Docker
+sandbox: demonstrations hold the tools' real output as observations. Its private knowledge is each task's gold
+``patch`` (the records it is given); it finds the episode's task by the ``<issue>`` text in the prompt. Per turn it
+decodes the conversation so far and takes the next step of a careful engineer:
+
+1. reproduce: ``bash`` runs the first FAIL_TO_PASS test (``python -m pytest -q --tb=short TEST``);
+2. locate: ``str_replace_editor view`` of each hunk's lines (and a few above) in the file the patch changes: the
+   function the failing test exercises (the traceback of a wrong result names only the test);
+3. fix: one ``str_replace`` per hunk of the patch, the changed lines plus one line of context on each side (short
+   actions for a small context); if the editor refuses it (the text is not unique), again with the whole hunk;
+4. check: ``bash`` re-runs the FAIL_TO_PASS tests;
+5. submit.
+
+A task it was not given, a patch it cannot express as edits (new or deleted files, binary hunks) or an edit the
+editor refuses twice raise ``EngineError``: the episode is an infra error, never a fake demonstration. Each token's
+logprob is 0.0 (a deterministic policy); each action ends with the template's end-of-turn token.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from collections.abc import Generator, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from agent.chat import ChatRenderer
+from agent.conversation import action_ids
+from agent.engines.protocols import EngineError, Generation, SamplingParams
+
+_ISSUE = re.compile(r"<issue>\n(.*?)\n</issue>", re.DOTALL)
+# ChatML (SmolLM2, Qwen): the templates the SWE job runs with.
+_MESSAGE = re.compile(r"<\|im_start\|>(\w+)\n(.*?)<\|im_end\|>", re.DOTALL)
+_HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+\d+(?:,\d+)? @@")
+_EDITED = "was edited."
+MAX_CHECKED_TESTS = 5
+VIEW_MARGIN = 4
+
+Call = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Hunk:
+    """One hunk of a unified diff: the file, the first pre-image line, and its lines as (" "|"-"|"+", text)."""
+
+    path: str
+    start: int
+    lines: tuple[tuple[str, str], ...]
+
+    def texts(self, context: int | None) -> tuple[str, str]:
+        """(old_str, new_str) of the hunk, keeping ``context`` unchanged lines around the change (None: all)."""
+        kinds = [k for k, _ in self.lines]
+        first = next(i for i, k in enumerate(kinds) if k != " ")
+        last = len(kinds) - 1 - next(i for i, k in enumerate(reversed(kinds)) if k != " ")
+        if context is None:
+            lo, hi = 0, len(kinds) - 1
+        else:
+            lo, hi = max(0, first - context), min(len(kinds) - 1, last + context)
+        part = self.lines[lo : hi + 1]
+        old = "\n".join(t for k, t in part if k != "+")
+        new = "\n".join(t for k, t in part if k != "-")
+        return old, new
+
+    @property
+    def pre_len(self) -> int:
+        return sum(k != "+" for k, _ in self.lines)
+
+
+def parse_patch(patch: str) -> list[Hunk]:
+    """The hunks of a text patch that only modifies existing files; ``EngineError`` for anything else."""
+    hunks: list[Hunk] = []
+    path = ""
+    cur: list[tuple[str, str]] | None = None
+    start = 0
+
+    def close() -> None:
+        if cur:
+            hunks.append(Hunk(path, start, tuple(cur)))
+
+    for line in patch.splitlines():
+        if line.startswith("diff --git "):
+            close()
+            cur = None
+        elif line.startswith(("new file mode", "deleted file mode", "rename from", "Binary files", "GIT binary")):
+            raise EngineError(f"swe_demonstrator: the gold patch does more than edit files ({line!r})")
+        elif line.startswith("+++ "):
+            path = line[4:].removeprefix("b/")
+        elif line.startswith("--- "):
+            continue
+        elif (m := _HUNK.match(line)) is not None:
+            close()
+            cur, start = [], int(m.group(1))
+        elif cur is not None and line[:1] in (" ", "-", "+"):
+            cur.append((line[0], line[1:]))
+        elif cur is not None and line == "":
+            cur.append((" ", ""))
+    close()
+    if not hunks:
+        raise EngineError("swe_demonstrator: the gold patch has no hunks")
+    return hunks
+
+
+def _tool(name: str, **arguments: Any) -> Call:
+    return {"name": name, "arguments": arguments}
+
+
+def _pytest(tests: list[str]) -> str:
+    return "python -m pytest -q --tb=short " + " ".join(shlex.quote(t) for t in tests)
+
+
+def demonstration(task: dict[str, Any]) -> Generator[Call, str, None]:
+    """The demonstrator's calls for ``task``: yields a call, is sent that call's observation (see the module doc)."""
+    f2p = list(task["FAIL_TO_PASS"])
+    hunks = parse_patch(task["patch"])
+    yield _tool("bash", command=_pytest(f2p[:1]))
+    for h in hunks:
+        lo = max(1, h.start - VIEW_MARGIN)
+        # The hunk's own last line always exists (a margin below could pass the end of the file).
+        yield _tool("str_replace_editor", command="view", path=h.path, view_range=[lo, h.start + h.pre_len - 1])
+    for h in hunks:
+        old, new = h.texts(context=1)
+        obs = yield _tool("str_replace_editor", command="str_replace", path=h.path, old_str=old, new_str=new)
+        if _EDITED not in obs:
+            old, new = h.texts(context=None)
+            obs = yield _tool("str_replace_editor", command="str_replace", path=h.path, old_str=old, new_str=new)
+            if _EDITED not in obs:
+                raise EngineError(f"swe_demonstrator: the editor refused the gold edit of {h.path}: {obs[:300]}")
+    yield _tool("bash", command=_pytest(f2p[:MAX_CHECKED_TESTS]))
+    yield _tool("submit")
+
+
+def conversation_after_issue(prompt_text: str) -> tuple[str, list[str]]:
+    """(the issue text, the observations that followed each assistant message after it) from a ChatML prompt."""
+    messages = [(m.group(1), m.group(2)) for m in _MESSAGE.finditer(prompt_text)]
+    at = next((i for i, (role, text) in enumerate(messages) if role == "user" and _ISSUE.search(text)), None)
+    if at is None:
+        raise EngineError("swe_demonstrator: no <issue> in the prompt; it only works SWE tasks")
+    issue = _ISSUE.search(messages[at][1])
+    assert issue is not None
+    observations = [messages[i + 1][1] if i + 1 < len(messages) else "" for i in range(at + 1, len(messages))
+                    if messages[i][0] == "assistant"]  # fmt: skip
+    return issue.group(1).strip(), observations
+
+
+def next_call(task: dict[str, Any], observations: list[str]) -> Call:
+    """The call that follows ``observations`` (one per call made so far) in ``task``'s demonstration."""
+    script = demonstration(task)
+    call = next(script)
+    try:
+        for obs in observations:
+            call = script.send(obs)
+    except StopIteration:
+        raise EngineError("swe_demonstrator: the episode went on after its submit") from None
+    return call
+
+
+class SWEDemonstratorEngine:
+    """An Engine that writes the demonstrator's actions (module doc) for ``tasks`` as token ids of ``tokenizer``."""
+
+    def __init__(self, tokenizer: Any, tasks: Iterable[dict[str, Any]], version: int = 0) -> None:
+        self.chat = ChatRenderer(tokenizer)
+        self._version = version
+        self.by_issue: dict[str, dict[str, Any]] = {}
+        for t in tasks:
+            key = str(t["problem_statement"]).strip()
+            other = self.by_issue.get(key)
+            if other is not None and other["patch"] != t["patch"]:
+                raise ValueError(
+                    f"swe_demonstrator: tasks {other['instance_id']} and {t['instance_id']} share a problem statement "
+                    "but not a fix; it cannot tell them apart (drop one of them)"
+                )
+            self.by_issue[key] = t
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Generation:
+        text = self.chat.tokenizer.decode(prompt_ids, skip_special_tokens=False)
+        issue, observations = conversation_after_issue(text)
+        task = self.by_issue.get(issue)
+        if task is None:
+            raise EngineError("swe_demonstrator: the prompt's issue is none of the tasks it was given")
+        call = next_call(task, observations)
+        ids = action_ids(self.chat, f"<tool_call>{json.dumps(call)}</tool_call>")
+        if len(ids) > sampling.max_tokens:
+            raise EngineError(
+                f"swe_demonstrator: its action needs {len(ids)} tokens but max_tokens is {sampling.max_tokens}; "
+                "raise rollout.max_tokens"
+            )
+        return Generation(tuple(ids), tuple(0.0 for _ in ids), "stop", self._version)
+
+    async def update_weights(self, checkpoint_dir: str, version: int) -> None:
+        self._version = version
+
+    async def close(self) -> None:
+        return None

@@ -1,0 +1,98 @@
+"""The SWE demonstrator's script from a gold patch, driven through the real episode loop by a scripted env."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from agent_fakes import CharChatMLTokenizer, ScriptedEnv
+
+from agent.engines.demonstrators import make_demonstrator
+from agent.engines.protocols import EngineError
+from agent.engines.swe_demonstrator import next_call, parse_patch
+from agent.loop import AgentConfig, run_episode
+
+TOK = CharChatMLTokenizer()
+PATCH = """diff --git a/pkg/m.py b/pkg/m.py
+index 1..2 100644
+--- a/pkg/m.py
++++ b/pkg/m.py
+@@ -10,7 +10,7 @@ def f(x):
+     a = 1
+     b = 2
+
+-    if x < 0:
++    if x >= 0:
+         return a
+     c = 3
+     return b
+"""
+
+
+def task(**over: Any) -> dict[str, Any]:
+    rec = {
+        "instance_id": "pypi__demo-1.0-abc",
+        "problem_statement": "`test_f` fails in demo\n",
+        "patch": PATCH,
+        "FAIL_TO_PASS": ["tests/test_m.py::test_f", "tests/test_m.py::test_g"],
+    }
+    rec.update(over)
+    return rec
+
+
+def test_a_patch_becomes_hunks_with_short_and_full_edits() -> None:
+    (h,) = parse_patch(PATCH)
+    assert h.path == "pkg/m.py" and h.start == 10 and h.pre_len == 7
+    assert h.texts(context=1) == ("\n    if x < 0:\n        return a", "\n    if x >= 0:\n        return a")
+    old, new = h.texts(context=None)
+    assert old.startswith("    a = 1\n    b = 2\n\n    if x < 0:") and new.endswith("    c = 3\n    return b")
+    with pytest.raises(EngineError, match="more than edit files"):
+        parse_patch("diff --git a/n.py b/n.py\nnew file mode 100644\n")
+
+
+def test_the_script_reproduces_locates_fixes_checks_and_submits() -> None:
+    calls = []
+    observations: list[str] = []
+    for obs in ["1 failed", "Here is pkg/m.py", "The file pkg/m.py was edited. Lines ...", "2 passed", None]:
+        calls.append(next_call(task(), observations))
+        if obs is not None:
+            observations.append(obs)
+    names = [(c["name"], c["arguments"].get("command", "")) for c in calls]
+    assert names[0] == ("bash", "python -m pytest -q --tb=short tests/test_m.py::test_f")
+    assert names[1:3] == [("str_replace_editor", "view"), ("str_replace_editor", "str_replace")]
+    assert calls[1]["arguments"] == {"command": "view", "path": "pkg/m.py", "view_range": [6, 16]}
+    assert names[3][1].endswith("tests/test_m.py::test_f tests/test_m.py::test_g") and names[4] == ("submit", "")
+
+
+def test_a_refused_short_edit_is_retried_with_the_whole_hunk_then_gives_up() -> None:
+    obs = ["1 failed", "Here is", "No replacement: old_str appears 2 times"]
+    retry = next_call(task(), obs)
+    assert retry["arguments"]["old_str"].startswith("    a = 1")
+    with pytest.raises(EngineError, match="refused the gold edit"):
+        next_call(task(), [*obs, "No replacement: still"])
+
+
+async def test_episodes_through_the_loop_are_tool_calls_for_the_prompts_task() -> None:
+    other = task(instance_id="other", problem_statement="something else\n", patch=PATCH.replace("x < 0", "x < 1"))
+    engine = make_demonstrator("swe_demonstrator", TOK, [other, task()])
+    prompt = "<issue>\n`test_f` fails in demo\n</issue>\n\nThe repository is checked out at /testbed."
+    steps = [("1 failed", 0.0, False, False, {"role": "tool"})] * 4 + [("Submitted.", 1.0, True, False, {})]
+    env = ScriptedEnv(steps, task=prompt)
+    env.steps[2] = ("The file pkg/m.py was edited. Lines 12-13 now read: ...", 0.0, False, False, {})
+    traj = await run_episode(env, engine, TOK, AgentConfig(max_context_tokens=8192, max_action_tokens=400))
+    calls = [json.loads(a.removeprefix("<tool_call>").removesuffix("</tool_call>")) for a in env.actions]
+    assert [c["name"] for c in calls] == ["bash", "str_replace_editor", "str_replace_editor", "bash", "submit"]
+    assert calls[2]["arguments"]["new_str"] == "\n    if x >= 0:\n        return a"  # this task's fix, not other's
+    assert traj.status == "ok" and traj.reward == 1.0
+    assert all(lp == 0.0 for seg in traj.action_segments for lp in seg.logprobs or ())
+    lone = make_demonstrator("swe_demonstrator", TOK, [other])  # a task it does not know: an infra error
+    traj = await run_episode(ScriptedEnv(steps, task=prompt), lone, TOK, AgentConfig())
+    assert traj.status == "infra_error" and "none of the tasks" in traj.info["infra_error"]
+
+
+def test_unknown_demonstrators_and_ambiguous_tasks_are_refused() -> None:
+    with pytest.raises(ValueError, match="choose from solver, swe_demonstrator"):
+        make_demonstrator("oracle", TOK, [])
+    with pytest.raises(ValueError, match="share a problem statement"):
+        make_demonstrator("swe_demonstrator", TOK, [task(), task(instance_id="b", patch=PATCH.replace("0", "9"))])
