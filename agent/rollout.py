@@ -116,12 +116,31 @@ class TokenPlayer:
     cfg: AgentConfig = field(default_factory=AgentConfig)
     render_check_every: int = 0
 
+    on_turn: Callable[[], None] | None = None
+    """Called after each sampled action (the runner's progress counts turns of episodes still in flight)."""
+
     async def play(self, env: AsyncEnv, episode: Episode) -> Trajectory:
         check = self.render_check_every > 0 and episode.index % self.render_check_every == 0
+        engine = self.engine if self.on_turn is None else _TurnCounter(self.engine, self.on_turn)
         return await run_episode(
-            env, self.engine, self.tokenizer, self.cfg, task_id=episode.task_id, seed=episode.seed,
+            env, engine, self.tokenizer, self.cfg, task_id=episode.task_id, seed=episode.seed,
             options=episode.options, check_render=check,
         )  # fmt: skip
+
+
+class _TurnCounter:
+    """The player's engine, calling ``on_turn`` after each generation (every other attribute passes through)."""
+
+    def __init__(self, engine: Engine, on_turn: Callable[[], None]) -> None:
+        self._engine, self._on_turn = engine, on_turn
+
+    async def generate(self, prompt_ids: list[int], sampling: Any) -> Any:
+        gen = await self._engine.generate(prompt_ids, sampling)
+        self._on_turn()
+        return gen
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
 
 
 @dataclass
@@ -291,7 +310,13 @@ class EpisodeRunner:
         errors: list[BaseException] = []
         t_start = time.perf_counter()
         # The bar closes after the pool has waited for the episodes in flight (context managers exit in reverse).
-        async with self, _progress(self.cfg.progress, total) as bar, AioPool(size=self.cfg.concurrency) as pool:
+        turns = _turn_limit(self.player)
+        async with (
+            self,
+            _progress(self.cfg.progress, total, turns) as bar,
+            _counting_turns(self.player, bar),
+            AioPool(size=self.cfg.concurrency) as pool,
+        ):
 
             async def one(episode: Episode) -> None:
                 await self._running.wait()  # a pause holds episodes that got a slot but have not started
@@ -320,28 +345,75 @@ class EpisodeRunner:
         return self.stats
 
 
-class _progress(contextlib.AbstractAsyncContextManager["Callable[[Trajectory], None]"]):
-    """A rich progress bar (or nothing) whose ``advance(traj)`` shows the mean reward and the infra errors."""
+def _turn_limit(player: Any) -> int | None:
+    cfg = getattr(player, "cfg", None)
+    return int(cfg.max_turns) if isinstance(cfg, AgentConfig) else None
 
-    def __init__(self, enabled: bool, total: int | None) -> None:
-        self.enabled, self.total = enabled, total
+
+@contextlib.asynccontextmanager
+async def _counting_turns(player: Any, bar: _Advance) -> AsyncIterator[None]:
+    """While the runner runs, a ``TokenPlayer``'s turns advance the progress line's ETA."""
+    if not isinstance(player, TokenPlayer) or player.on_turn is not None:
+        yield
+        return
+    player.on_turn = bar.turn
+    try:
+        yield
+    finally:
+        player.on_turn = None
+
+
+class _Advance(Protocol):
+    def __call__(self, traj: Trajectory) -> None: ...
+
+    def turn(self) -> None: ...
+
+
+class _progress(contextlib.AbstractAsyncContextManager["_Advance"]):
+    """A progress line (or nothing): ``advance(traj)`` counts an episode and shows the mean reward and the infra
+    errors; ``advance.turn()`` counts a turn of an episode in flight. The ETA is timed by turns: the expected total
+    is ``total`` x the mean turns of finished episodes (the turn limit before any finished), so a line over 32
+    episodes that run at once moves and gives a sane ETA long before the first episode ends."""
+
+    def __init__(self, enabled: bool, total: int | None, max_turns: int | None = None) -> None:
+        self.enabled, self.total, self.max_turns = enabled, total, max_turns
         self.n, self.reward, self.infra = 0, 0.0, 0
+        self.turns, self.finished_turns = 0, 0
 
-    async def __aenter__(self) -> Callable[[Trajectory], None]:
-        if not self.enabled:
-            return lambda t: None
-        from saocore.console import ProgressLine
+    async def __aenter__(self) -> _Advance:
+        enabled = self.enabled
+        if enabled:
+            from saocore.console import ProgressLine
 
-        self.bar = ProgressLine("episodes", self.total)  # one 80-column line with an ETA
+            self.bar = ProgressLine("episodes", self.total)  # one 80-column line with an ETA
+        me = self
 
-        def advance(t: Trajectory) -> None:
-            self.n += 1
-            self.reward += t.reward
-            self.infra += t.status == "infra_error"
-            desc = f"mean reward {self.reward / self.n:.3f}" + (f", infra errors {self.infra}" if self.infra else "")
-            self.bar.advance(1, desc)
+        class Advance:
+            def __call__(self, traj: Trajectory) -> None:
+                me.n += 1
+                me.reward += traj.reward
+                me.infra += traj.status == "infra_error"
+                me.finished_turns += int(traj.info.get("turns", 0) or 0)
+                if enabled:
+                    me._work()
+                    infra = f", infra errors {me.infra}" if me.infra else ""
+                    me.bar.advance(1, f"turns {me.turns}, mean reward {me.reward / me.n:.3f}{infra}")
 
-        return advance
+            def turn(self) -> None:
+                me.turns += 1
+                if enabled:
+                    me._work()
+                    reward = f", mean reward {me.reward / me.n:.3f}" if me.n else ""
+                    me.bar.update(me.bar.done, f"turns {me.turns}{reward}")  # a pipe gets a line every 10 s
+
+        return Advance()
+
+    def _work(self) -> None:
+        if not self.total:
+            return
+        per_episode = self.finished_turns / self.n if self.n and self.finished_turns else self.max_turns
+        if per_episode:
+            self.bar.set_work(self.turns, max(self.total * per_episode, self.turns))
 
     async def __aexit__(self, *exc: object) -> None:
         if self.enabled:

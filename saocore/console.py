@@ -88,6 +88,7 @@ class ProgressLine:
         self.status = status
         self._stream = stream
         self._done0, self._t0 = self.done, time.monotonic()
+        self._work_done, self._work_total = 0.0, 0.0
         self._last_write = 0.0
         out = self.stream
         self.in_place = enabled and bool(getattr(out, "isatty", lambda: False)())
@@ -113,12 +114,20 @@ class ProgressLine:
         return max(min(cols, MAX_WIDTH) - 1, 20)
 
     def eta_s(self) -> float | None:
-        """Seconds left at the rate seen since this line started; None before the first unit is done."""
-        moved = self.done - self._done0
-        if moved <= 0:
+        """Seconds left at the rate seen since this line started; None before the first unit is done. With
+        ``set_work`` the rate is that of the finer work units (e.g. turns of episodes still in flight)."""
+        if self._work_total > 0:
+            done, left = self._work_done, max(self._work_total - self._work_done, 0.0)
+        else:
+            done, left = float(self.done - self._done0), float(max(self.total - self.done, 0))
+        if done <= 0:
             return None
-        rate = moved / max(time.monotonic() - self._t0, 1e-9)
-        return max(self.total - self.done, 0) / rate
+        return left / (done / max(time.monotonic() - self._t0, 1e-9))
+
+    def set_work(self, done: float, total: float) -> None:
+        """Time the ETA by finer units than the shown count: when many units run at once (32 episodes in
+        flight), the count sits at 0 while work advances, and its first step gives a wild rate."""
+        self._work_done, self._work_total = float(done), float(total)
 
     def render(self) -> str:
         """The line as text (what is shown), cut to ``width()`` characters."""

@@ -26,6 +26,7 @@ import torch
 from agent.engines.protocols import EngineError
 from agent.records import Trajectory
 from envs.registration import preflight
+from saocore.jsonl import append_jsonl
 from trainer import distributed as dist_utils
 from trainer.config import Config, ConfigError, config_diff, load_config, save_config
 from trainer.learner import Learner
@@ -176,9 +177,11 @@ class Trainer:
         if self.allowed:
             self.learner.allowed = torch.tensor(self.allowed, dtype=torch.long)
         self.step, self.version = 0, 0
+        self.warmup_done = 0  # critic-only warm-up batches trained (trainer.critic_warmup_steps)
         if state is not None:
             self.learner.load(Path(state["_dir"]))
             self.step, self.version = int(state["step"]), int(state["version"])
+            self.warmup_done = int(state.get("critic_warmup_done", cfg.trainer.critic_warmup_steps))
             self.learner.baseline.load_state_dict(state["baseline"])
             _set_rng_state(state["rng"])
         self.checkpoint_failures = 0
@@ -190,7 +193,7 @@ class Trainer:
         cmd = msg["cmd"]
         if cmd == "train":
             trajs = [Trajectory.from_dict(d) for d in msg["trajs"]]
-            return self.learner.train_step(trajs)
+            return self.learner.train_step(trajs, policy=bool(msg.get("policy", True)))
         if cmd == "export":
             sd = self.learner.gathered_state(self.learner.actor)
             if sd is not None:
@@ -325,6 +328,7 @@ class Trainer:
         state = {
             "step": self.step,
             "version": self.version,
+            "critic_warmup_done": self.warmup_done,
             "cursor": coord.cursor,
             "seq": coord.seq,
             "buffer_uids": [i.uid for i in coord.buffer],
@@ -429,6 +433,9 @@ class Trainer:
             max_staleness=t.max_staleness if spec.max_staleness is None else spec.max_staleness,
             group_size=t.group_size if spec.grouped else 1,
             synchronous=spec.synchronous,
+            staleness_policy=t.staleness_policy,
+            sync_every=t.sync_every,
+            batch_size=t.batch_size,
             cursor=max(int(self.state["cursor"]) if self.state else 0, acc.max_task_index + 1),
             seq=acc.max_seq + 1,
         )
@@ -449,6 +456,8 @@ class Trainer:
         gen0 = coord.counters.generated
         last: dict[str, Any] = {}
         try:
+            if not await self._critic_warmup(s, stop):
+                return last
             while self.step < cfg.run.total_steps:
                 t0 = time.perf_counter()
                 server = getattr(self, "_server", None)
@@ -482,6 +491,35 @@ class Trainer:
         finally:
             progress.close()
         return last
+
+    async def _critic_warmup(self, s: _Session, stop: StopRequest) -> bool:
+        """``trainer.critic_warmup_steps`` critic-only batches before the first policy step (the policy and its
+        version stay put, so nothing goes stale and no weights are synced). Each is logged to
+        ``critic_warmup.jsonl``. False: a stop was requested meanwhile (the caller checkpoints the critic and the
+        count reached; a resume goes on from there)."""
+        t, coord = self.cfg.trainer, s.coord
+        n = t.critic_warmup_steps
+        while self.warmup_done < n:
+            t0 = time.perf_counter()
+            batch = await next_batch_or_stop(coord, t.batch_size, 0, stop, getattr(self, "_server", None))
+            if batch is None:
+                return False
+            trajs = [i.traj.to_dict() for i in batch]
+            m = await asyncio.to_thread(self.lead, {"cmd": "train", "trajs": trajs, "policy": False})
+            coord.trained(batch, 0)
+            self.warmup_done += 1
+            rec = {
+                "critic_warmup_step": self.warmup_done,
+                "of": n,
+                "success_rate": float(np.mean([bool(i.traj.info.get("solved", i.traj.reward > 0)) for i in batch])),
+                "step_s": time.perf_counter() - t0,
+                **m,
+            }
+            append_jsonl(self.run_dir / "critic_warmup.jsonl", [rec])
+            if self.rank0 and self.cfg.run.progress:
+                ev = m.get("explained_variance", float("nan"))
+                print(f"critic warm-up {self.warmup_done}/{n}: explained variance {ev:.3f}", flush=True)
+        return True
 
     async def _close(self, s: _Session) -> None:
         await s.coord.stop()

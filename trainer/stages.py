@@ -5,11 +5,14 @@ with ``--resume RUN_DIR`` skips finished stages (an unfinished ``train`` stage r
 model flows from stage to stage: ``sft`` and ``train`` start from the current model and replace it with their
 ``final/actor``.
 
-* ``collect``: ``collect.n`` episodes of ``collect.model`` (``solver``: ``agent.engines.solver``) on the training
-  tasks, through the one episode runner, in the env's sandboxes -> ``trajectories.jsonl``;
+* ``collect``: ``collect.n`` episodes of ``collect.model`` (a demonstrator of ``agent.engines.demonstrators``:
+  ``solver`` for arithmetic, ``swe_demonstrator`` for SWE tasks) on the training tasks, through the one episode runner, in the env's sandboxes -> ``trajectories.jsonl``;
 * ``sft``: ``trainer.sft`` on ``sft.data`` or else the collected trajectories (``sft.min_reward``, default 1.0
   for collected ones: only solved episodes);
-* ``eval``: the current model on ``eval.n`` held-out tasks (success, valid tool-call rate, mean turns);
+* ``eval``: the current model on ``eval.n`` held-out tasks (success, valid tool-call rate, mean turns), its env
+  made with ``env.kwargs`` updated by ``eval.env_kwargs``;
+* ``pretrain_value``: rollouts of the current policy, a value fit on them and its held-out explained variance;
+  the next ``train`` stage starts its critic from it;
 * ``train``: SAO (``trainer.run``) from the current model.
 
 At the end: a before/after table of every eval (printed, ``summary.md``, ``summary.json``) and
@@ -65,8 +68,16 @@ def training_tasks(cfg: Config) -> list[dict[str, Any]]:
 
 
 def held_out_tasks(cfg: Config) -> list[dict[str, Any]]:
-    """``eval.n`` arithmetic tasks from another seed, none of whose problems is a training task."""
-    from envs.datasets import arithmetic_tasks
+    """``eval.n`` tasks of the held-out split of ``env.tasks`` when it has one (``swe-offline:NAME``), else
+    arithmetic tasks from another seed, none of whose problems is a training task."""
+    from envs.datasets import arithmetic_tasks, held_out_spec, load_tasks
+
+    split = held_out_spec(cfg.env.tasks)
+    if split is not None:
+        held = load_tasks(split)[: cfg.eval.n]
+        if len(held) < cfg.eval.n:
+            raise ConfigError(f"eval.n={cfg.eval.n}: the held-out split {split} has {len(held)} tasks; lower eval.n")
+        return held
 
     seen = {str(t.get("problem", t.get("prompt"))) for t in training_tasks(cfg)}
     pool = arithmetic_tasks(cfg.eval.n * 2 + 16, seed=cfg.eval.seed + cfg.run.seed)
@@ -77,12 +88,13 @@ def held_out_tasks(cfg: Config) -> list[dict[str, Any]]:
 
 
 async def _rollouts(
-    cfg: Config, engine: Any, tokenizer: Any, tasks: list[Any], out: Path, conc: int, temp: float
+    cfg: Config, engine: Any, tokenizer: Any, tasks: list[Any], out: Path, conc: int, temp: float,
+    env_kwargs: dict[str, Any] | None = None,
 ) -> list[Trajectory]:
     from agent.rollout import EpisodeRunner, RunnerConfig, TokenPlayer, env_factory, episodes_of
 
     player = TokenPlayer(engine, tokenizer, _agent_cfg(cfg, temp))
-    make_env = env_factory(cfg.env.id, cfg.env.kwargs)
+    make_env = env_factory(cfg.env.id, {**cfg.env.kwargs, **(env_kwargs or {})})
     runner = EpisodeRunner(make_env, player, RunnerConfig(conc, cfg.run.progress), out_path=out)
     got: list[Trajectory] = []
     try:
@@ -95,15 +107,17 @@ async def _rollouts(
 def collect_stage(cfg: Config, model_dir: str, out: Path) -> dict[str, Any]:
     from trainer.models import load_tokenizer
 
-    c = cfg.collect
-    if c.model != "solver":
-        raise ConfigError(f"collect.model: {c.model!r} is not supported in a staged run; use 'solver'")
-    from agent.engines.solver import SolverEngine
+    from agent.engines.demonstrators import make_demonstrator
 
+    c = cfg.collect
     tok = load_tokenizer(cfg)
     tasks = training_tasks(cfg)[: c.n]
+    try:
+        engine = make_demonstrator(c.model, tok, tasks)
+    except ValueError as e:
+        raise ConfigError(f"collect.model: {e}") from e
     t0 = time.perf_counter()
-    trajs = asyncio.run(_rollouts(cfg, SolverEngine(tok), tok, tasks, out / "trajectories.jsonl", c.concurrency, 0.0))
+    trajs = asyncio.run(_rollouts(cfg, engine, tok, tasks, out / "trajectories.jsonl", c.concurrency, 0.0))
     solved = sum(bool(t.info.get("solved")) for t in trajs)
     return {
         "episodes": len(trajs),
@@ -157,7 +171,7 @@ def eval_stage(cfg: Config, model_dir: str, out: Path) -> dict[str, Any]:
     t0 = time.perf_counter()
     trajs = asyncio.run(
         _rollouts(cfg, engine, tok, held_out_tasks(cfg), out / "trajectories.jsonl", cfg.eval.concurrency,
-                  cfg.eval.temperature)
+                  cfg.eval.temperature, cfg.eval.env_kwargs)
     )  # fmt: skip
     scores = episode_scores(trajs, tok)
     scores["model"], scores["wall_s"] = model_dir, time.perf_counter() - t0
@@ -186,6 +200,59 @@ def sft_stage(cfg: Config, model_dir: str, out: Path, collected: Path | None) ->
             "wall_s": last.get("wall_s"), "model": str(out / "final" / "actor")}  # fmt: skip
 
 
+def pretrain_value_stage(cfg: Config, model_dir: str, out: Path) -> dict[str, Any]:
+    """The critic's cold start: ``pretrain_value.rollouts`` episodes of the current policy (the one RL starts
+    from, not the demonstrator) on training tasks, a value fit on most of them (``trainer.value_pretrain``) and the
+    explained variance on the held-out rest, before and after; the critic goes to ``value_init`` for the next
+    ``train`` stage's ``critic.init``."""
+    from agent.engines.hf_engine import HFEngine
+    from trainer.models import load_actor, load_tokenizer
+    from trainer.value_pretrain import fit_critic, read_rollouts, split_by_task
+
+    p = cfg.pretrain_value
+    path = out / "trajectories.jsonl"
+    t0 = time.perf_counter()
+    if dist_utils.rank() == 0:
+        path.unlink(missing_ok=True)  # an unfinished stage starts over: its rollouts came from this same policy
+        tok = load_tokenizer(cfg)
+        tasks = training_tasks(cfg)
+        # the tasks after the collected ones first (the demonstrations already covered those)
+        start = min(cfg.collect.n if "collect" in cfg.stages else 0, max(len(tasks) - p.rollouts, 0))
+        picked = (tasks[start:] + tasks[:start])[: p.rollouts]
+        engine = HFEngine(load_actor(cfg), tokenizer=tok, seed=cfg.run.seed)
+        asyncio.run(_rollouts(cfg, engine, tok, picked, path, p.concurrency, cfg.rollout.temperature))
+        del engine
+        _release_memory()
+    dist_utils.barrier()
+    rollout_s = time.perf_counter() - t0
+    trajs = read_rollouts(path)
+    fit, held = split_by_task(trajs, p.holdout, cfg.run.seed)
+    res = fit_critic(cfg, fit, held, p.epochs, p.lr or cfg.critic.lr, out / "value_init")
+    rewards = [t.reward for t in trajs]
+    res.update(
+        rollouts=len(trajs),
+        rollout_success=sum(bool(t.info.get("solved", t.reward > 0)) for t in trajs) / max(len(trajs), 1),
+        rollout_reward_std=float(_std(rewards)),
+        rollout_s=rollout_s,
+        wall_s=time.perf_counter() - t0,
+        critic=str(out / "value_init"),
+    )
+    if dist_utils.rank() == 0:
+        print(
+            f"   value pretraining: held-out explained variance {res['held_out_ev_before']:.3f} -> "
+            f"{res['held_out_ev_after']:.3f} ({len(held)} held-out rollouts, {len(fit)} fit)",
+            flush=True,
+        )
+    return res
+
+
+def _std(xs: list[float]) -> float:
+    if len(xs) < 2:
+        return 0.0
+    m = sum(xs) / len(xs)
+    return float((sum((x - m) ** 2 for x in xs) / (len(xs) - 1)) ** 0.5)
+
+
 def train_stage(cfg: Config, model_dir: str, out: Path) -> dict[str, Any]:
     """SAO from the current model through `sao train`'s own entry point (an unfinished stage resumes)."""
     import shutil
@@ -208,7 +275,30 @@ def train_stage(cfg: Config, model_dir: str, out: Path) -> dict[str, Any]:
         train(str(out.parent / f"{out.name}.yaml"), [])
     rows = read_metrics(out) if dist_utils.rank() == 0 else [{}]
     return {"steps": len(rows), "last_success_rate": rows[-1].get("success_rate"),
-            "wall_s": time.perf_counter() - t0, "model": str(out / "final" / "actor")}  # fmt: skip
+            **rl_dynamics(rows), "wall_s": time.perf_counter() - t0,
+            "model": str(out / "final" / "actor")}  # fmt: skip
+
+
+def rl_dynamics(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """What says whether the policy steps carried signal: the share of batches whose episodes all earned one
+    reward, of policy steps skipped, the critic's explained variance (first / last step), the mean DIS-masked
+    share of action tokens."""
+
+    def mean(key: str) -> float | None:
+        xs = [float(r[key]) for r in rows if isinstance(r.get(key), int | float)]
+        return sum(xs) / len(xs) if xs else None
+
+    evs = [r.get("explained_variance") for r in rows]
+    masked = [float(r.get("mask_frac_low", 0.0)) + float(r.get("mask_frac_high", 0.0)) for r in rows
+              if "mask_frac_low" in r]  # fmt: skip
+    return {
+        "uniform_batch_frac": mean("uniform_reward_batch"),
+        "skipped_step_frac": sum(float(r.get("skipped_steps", 0) or 0) > 0 for r in rows) / max(len(rows), 1),
+        "first_explained_variance": evs[0] if evs else None,
+        "last_explained_variance": evs[-1] if evs else None,
+        "dis_masked_frac": sum(masked) / len(masked) if masked else None,
+        "batch_success_mean": mean("success_rate"),
+    }
 
 
 def _with_model(cfg: Config, model_dir: str) -> Config:
@@ -236,6 +326,7 @@ def run_stages(cfg: Config, resume: str | None) -> Path:
     t_run = time.perf_counter()
     model = cfg.model.path
     collected: Path | None = None
+    critic: str | None = None  # a pretrain_value stage's critic, for the train stage after it
     results: list[dict[str, Any]] = []
     every: list[dict[str, Any]] = []
     label = "base"
@@ -256,7 +347,11 @@ def run_stages(cfg: Config, resume: str | None) -> Path:
                     res = collect_stage(c, model, out) if stage == "collect" else eval_stage(c, model, out)
             elif stage == "sft":
                 res = sft_stage(c, model, out, collected)
+            elif stage == "pretrain_value":
+                res = pretrain_value_stage(c, model, out)
             else:
+                if critic is not None:
+                    c.critic.init = critic
                 res = train_stage(c, model, out)
             res["stage"] = stage
             res["cpu_s"] = _cpu_s() - cpu0
@@ -268,6 +363,8 @@ def run_stages(cfg: Config, resume: str | None) -> Path:
         every.append(res)
         if stage == "collect":
             collected = out / "trajectories.jsonl"
+        elif stage == "pretrain_value":
+            critic = str(res["critic"])
         elif stage in ("sft", "train"):
             model = str(res["model"])
             label = "after SFT" if stage == "sft" else "after RL"
@@ -275,7 +372,8 @@ def run_stages(cfg: Config, resume: str | None) -> Path:
             res.setdefault("label", label)
             results.append({**res, "label": res.get("label", label)})
         if rank0 and stage != "eval":
-            print(f"   {stage}: " + ", ".join(f"{k} {_fmt(v)}" for k, v in res.items() if k != "stage"), flush=True)
+            shown = {k: v for k, v in res.items() if k not in ("stage", "curve")}
+            print(f"   {stage}: " + ", ".join(f"{k} {_fmt(v)}" for k, v in shown.items()), flush=True)
     if rank0:
         _report(run_dir, cfg, results, every, time.perf_counter() - t_run)
     return run_dir
@@ -345,12 +443,33 @@ def _report(
             f"\n\nsuccess {results[-1]['label']} - {results[0]['label']}: {mean:+.3f} ± {se:.3f} "
             f"(paired over {n} held-out tasks; {mean / se if se > 0 else float('nan'):.1f} standard errors)"
         )
+    table += _dynamics_text(every)
     text = f"# {run_dir.name}: stages {cfg.stages}\n\n{table}\n\nwall time {wall_s / 60:.1f} min\n"
     (run_dir / "summary.md").write_text(text)
     _write_json(run_dir / "summary.json", {"evals": results, "stages": every, "wall_s": wall_s})
     print("\n" + table + f"\n\nstaged run finished in {wall_s / 60:.1f} min: {run_dir}/summary.md", flush=True)
     if cfg.run.plot and results:
         plot_stages(run_dir, results)
+
+
+def _dynamics_text(every: list[dict[str, Any]]) -> str:
+    """The lines under the table that say whether RL had signal to learn from (value pretraining, RL batches)."""
+
+    def f(v: Any) -> str:
+        return "n/a" if v is None else f"{v:.3f}" if isinstance(v, float) else str(v)
+
+    out = ""
+    for r in every:
+        if r.get("stage") == "pretrain_value":
+            out += (f"\n\nvalue pretraining: {r.get('rollouts')} rollouts of the policy (success "
+                    f"{f(r.get('rollout_success'))}), held-out explained variance {f(r.get('held_out_ev_before'))} "
+                    f"-> {f(r.get('held_out_ev_after'))}")  # fmt: skip
+        elif r.get("stage") == "train":
+            out += (f"\n\nRL: {r.get('steps')} policy steps, uniform-reward batches {f(r.get('uniform_batch_frac'))}, "
+                    f"skipped steps {f(r.get('skipped_step_frac'))}, critic explained variance "
+                    f"{f(r.get('first_explained_variance'))} (first) -> {f(r.get('last_explained_variance'))} (last), "
+                    f"DIS-masked tokens {f(r.get('dis_masked_frac'))}")  # fmt: skip
+    return out
 
 
 def plot_stages(run_dir: Path, results: list[dict[str, Any]]) -> Path:

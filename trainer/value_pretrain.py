@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -17,8 +18,8 @@ from agent.records import Trajectory
 from saocore.jsonl import iter_jsonl
 from trainer import distributed as dist_utils
 from trainer.algos.advantages import skip_observation_gae
-from trainer.batch import collate
-from trainer.config import ConfigError, load_config
+from trainer.batch import Batch, collate
+from trainer.config import Config, ConfigError, load_config
 from trainer.engine import (
     critic_step,
     ev_from_parts,
@@ -28,6 +29,7 @@ from trainer.engine import (
     shard_batch,
     token_scale,
 )
+from trainer.models import shifted_values
 
 
 def read_rollouts(path: str | Path) -> list[Trajectory]:
@@ -71,50 +73,106 @@ def _trainable(p: Path, trajs: list[Trajectory]) -> list[Trajectory]:
 def pretrain_value(
     config_path: str, rollouts: str, out_dir: str | None = None, epochs: int = 2, overrides: list[str] | None = None
 ) -> Path:
-    """Train the critic of ``config_path`` on ``rollouts``; returns the checkpoint dir (default RUN_DIR/value_init).
-
-    Batches of ``trainer.batch_size`` trajectories are sharded and accumulated exactly as the learner does
-    (``shard_batch`` / ``token_scale`` / ``critic_step``); each batch is one critic optimizer step.
-    """
-    from trainer.models import load_actor, load_critic, load_tokenizer
-
+    """Train the critic of ``config_path`` on ``rollouts``; returns the checkpoint dir (default RUN_DIR/value_init)."""
     cfg = load_config(config_path, overrides)
     if epochs < 1:
         raise ConfigError("--epochs must be >= 1")
     trajs = read_rollouts(rollouts)
     out = Path(out_dir) if out_dir else Path(cfg.run.dir) / "value_init"
+    fit_critic(cfg, trajs, [], epochs, cfg.critic.lr, out)
+    return out
+
+
+def split_by_task(trajs: list[Trajectory], holdout: float, seed: int) -> tuple[list[Trajectory], list[Trajectory]]:
+    """(fit, held out): whole tasks go to one side, about ``holdout`` of them held out (at least one task each
+    side when there are two or more tasks), so the held-out figure measures values on prompts the fit never saw."""
+    tasks = sorted({tr.task_id for tr in trajs})
+    random.Random(seed).shuffle(tasks)
+    n_held = min(max(round(len(tasks) * holdout), 1), len(tasks) - 1) if len(tasks) > 1 else 0
+    held_ids = set(tasks[:n_held])
+    return [t for t in trajs if t.task_id not in held_ids], [t for t in trajs if t.task_id in held_ids]
+
+
+def _returns(b: Batch, gamma: float) -> torch.Tensor:
+    """The discounted reward-to-go over action tokens (GAE at lambda = 1 on zero values): the value target."""
+    return skip_observation_gae(b.rewards, torch.zeros_like(b.rewards), b.action_mask, gamma, 1.0)[1]
+
+
+def _batches(trajs: list[Trajectory], order: list[int], bs: int) -> list[list[Trajectory]]:
+    # whole batches only (the accumulation count is fixed); fewer trajectories than a batch: one short batch
+    return [[trajs[i] for i in order[s : s + bs]] for s in range(0, len(order) - bs + 1 if len(order) >= bs else 1, bs)]
+
+
+@torch.no_grad()
+def held_out_ev(critic: Any, held: list[Trajectory], cfg: Config, pad_id: int) -> float:
+    """Explained variance of the critic's values against the returns on ``held`` (NaN when empty); collective."""
+    if not held:
+        return float("nan")
+    parts = [0.0] * 5
+    bs = cfg.trainer.batch_size
+    for batch in (held[s : s + bs] for s in range(0, len(held), bs)):
+        micro = shard_batch(collate(batch, pad_id), cfg.deepspeed)
+        vals = [shifted_values(critic(b.input_ids, b.attention_mask, b.position_ids)) for b in micro]
+        rets = [_returns(b, cfg.trainer.gamma) for b in micro]
+        for i, x in enumerate(ev_parts(vals, rets, [b.action_mask for b in micro])):
+            parts[i] += x
+    return ev_from_parts(dist_utils.all_reduce_sum(parts))
+
+
+def fit_critic(
+    cfg: Config, fit: list[Trajectory], held: list[Trajectory], epochs: int, lr: float, out: Path
+) -> dict[str, Any]:
+    """Value pretraining proper: ``epochs`` passes over ``fit`` (batches of ``trainer.batch_size``, one critic
+    optimizer step each, sharded and accumulated exactly as the learner does) and the critic written to ``out``
+    (a dir ``critic.init`` accepts). Returns the fit's last loss / explained variance and the explained variance on
+    ``held`` before and after: the figure that says whether the critic is warm. Collective over the ranks."""
+    from trainer.models import load_actor, load_critic, load_tokenizer
+
     dist_utils.init_distributed()
     torch.manual_seed(cfg.run.seed)
-    tok = load_tokenizer(cfg)
+    pad_id = int(load_tokenizer(cfg).pad_token_id)
     actor = load_actor(cfg)
     critic_model = load_critic(cfg, actor)
     del actor
     bs, mb = cfg.trainer.batch_size, cfg.deepspeed.micro_batch_size
     grad_accum = grad_accum_steps(bs, mb)
-    critic = make_engine(critic_model, cfg, grad_accum, cfg.critic.lr, cfg.critic.weight_decay)
+    critic = make_engine(critic_model, cfg, grad_accum, lr, cfg.critic.weight_decay, clip=cfg.critic.gradient_clipping)
+    ev_before = held_out_ev(critic, held, cfg, pad_id)
     rng = random.Random(cfg.run.seed)
-    loss, ev = float("nan"), float("nan")
+    loss, ev, steps = float("nan"), float("nan"), 0
+    curve: list[dict[str, float]] = []
     for epoch in range(epochs):
-        order = list(range(len(trajs)))
+        order = list(range(len(fit)))
         rng.shuffle(order)
-        # whole batches only (the accumulation count is fixed); fewer trajectories than a batch: one short batch
-        for start in range(0, len(order) - bs + 1 if len(order) >= bs else 1, bs):
-            micro = shard_batch(collate([trajs[i] for i in order[start : start + bs]], int(tok.pad_token_id)), mb)
+        for batch in _batches(fit, order, bs):
+            micro = shard_batch(collate(batch, pad_id), cfg.deepspeed)
             masks = [b.action_mask for b in micro]
-            # returns: the discounted reward-to-go over action tokens (GAE at lambda = 1 on zero values)
-            rets = [
-                skip_observation_gae(b.rewards, torch.zeros_like(b.rewards), b.action_mask, cfg.trainer.gamma, 1.0)[1]
-                for b in micro
-            ]
+            rets = [_returns(b, cfg.trainer.gamma) for b in micro]
             n_total, scale = token_scale(masks, grad_accum)
             values: list[torch.Tensor] = []
             total, _, _ = critic_step(critic, micro, masks, rets, None, None, scale, seen=values)
             loss = dist_utils.all_reduce_sum([total])[0] / max(n_total, 1.0)
             ev = ev_from_parts(dist_utils.all_reduce_sum(ev_parts(values, rets, masks)))
+            steps += 1
+        held_ev = held_out_ev(critic, held, cfg, pad_id)
+        curve.append({"epoch": epoch + 1, "loss": loss, "fit_ev": ev, "held_out_ev": held_ev})
         if dist_utils.rank() == 0:
-            print(f"value pretraining epoch {epoch + 1}/{epochs}: loss {loss:.4f} explained variance {ev:.3f}")
+            print(
+                f"value pretraining epoch {epoch + 1}/{epochs}: loss {loss:.4f} explained variance {ev:.3f} "
+                f"(held out {held_ev:.3f})",
+                flush=True,
+            )
     sd = dist_utils.full_state_dict(critic.module, cfg.deepspeed.zero_stage)
     if sd is not None:
         critic.module.save(out, state=sd)
     dist_utils.barrier()
-    return out
+    return {
+        "fit_trajectories": len(fit),
+        "held_out_trajectories": len(held),
+        "critic_steps": steps,
+        "final_loss": loss,
+        "fit_explained_variance": ev,
+        "held_out_ev_before": ev_before,
+        "held_out_ev_after": curve[-1]["held_out_ev"] if curve else float("nan"),
+        "curve": curve,
+    }

@@ -7,6 +7,7 @@ from agent_fakes import CharChatMLTokenizer, ScriptedEnv
 
 from agent.engines.scripted import ScriptedEngine
 from agent.loop import AgentConfig
+from agent.records import Trajectory
 from agent.rollout import EpisodeRunner, RunnerConfig, TokenPlayer, episodes_of
 
 TOK = CharChatMLTokenizer()
@@ -24,4 +25,31 @@ async def test_the_progress_line_counts_every_episode(capsys: pytest.CaptureFixt
     lines = capsys.readouterr().err.splitlines()
     assert lines[0].startswith("episodes 0/6 [----------]") and lines[0].endswith("<?")
     assert lines[-1].startswith("episodes 6/6 [##########]") and "mean reward 1.000" in lines[-1]
+    assert "turns 6," in lines[-1]  # the runner counted each episode's turn through its player
+    assert player.on_turn is None  # and gave the player back as it was
     assert all(len(line) <= 80 for line in lines)
+
+
+async def test_eta_is_timed_by_turns_while_every_episode_is_in_flight(monkeypatch: pytest.MonkeyPatch) -> None:
+    """32 episodes at once: before any finishes, the ETA comes from the turns done (the quickstart's eval sat at
+    ``episodes 0/32`` for 1.5 min and then showed a 45-minute ETA for a stage that ended 50 s later)."""
+    import saocore.console as console
+    from agent.rollout import _progress
+
+    clock = [100.0]
+    monkeypatch.setattr(console.time, "monotonic", lambda: clock[0])
+    prog = _progress(True, 32, max_turns=3)
+    advance = await prog.__aenter__()
+    assert prog.bar.eta_s() is None  # nothing done yet: no rate
+    clock[0] += 30.0
+    for _ in range(32):  # every episode's first turn, 30 s in
+        advance.turn()
+    # 32 of 32 x 3 turns in 30 s: 64 turns left at that rate = 60 s (the count-based ETA would still be None)
+    assert prog.bar.done == 0 and prog.bar.eta_s() == pytest.approx(60.0)
+    clock[0] += 20.0
+    for i in range(32):  # second turns; every episode ends after 2 turns
+        advance.turn()
+        advance(Trajectory(f"t{i}", "env", (), 1.0, "ok", {"turns": 2}))
+    # finished episodes took 2 turns each: the expected total is 64, all done
+    assert prog.bar.done == 32 and prog.bar.eta_s() == pytest.approx(0.0)
+    await prog.__aexit__(None, None, None)

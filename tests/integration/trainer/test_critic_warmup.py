@@ -1,0 +1,103 @@
+"""Critic warm-up (``trainer.critic_warmup_steps``) in a whole toy run: N critic-only batches before the first
+policy step, counted in optimizer steps; and the critic's own gradient clip reaches its DeepSpeed engine."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = [pytest.mark.deepspeed]
+ROOT = Path(__file__).resolve().parents[3]
+SMALL = [
+    "env.kwargs={turns: 2, symbols: ABC, rule: copy, reward: all}",
+    "trainer.batch_size=4",
+    "deepspeed.micro_batch_size=2",
+    "rollout.concurrency=4",
+    "rollout.buffer_size=4",
+    "run.progress=false",
+    "run.plot=false",
+    "run.tensorboard=false",
+    "trainer.skip_uniform_reward_batches=false",  # every policy step steps, so the count below is exact
+    "trainer.entropy_coef=0.3",  # a uniform batch still has a gradient: no zero-advantage skip either
+]
+
+
+def test_warmup_batches_train_only_the_critic_and_are_counted(
+    tmp_path: Path, deepspeed_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """3 warm-up batches then 2 policy steps at K = 2: the critic steps (3 + 2) x 2 = 10 times, the actor twice,
+    and the policy version moves only with the policy steps (the warm-up batches are all version 0)."""
+    from trainer import learner as learner_mod
+    from trainer.run import train
+
+    counts = {"actor": 0, "critic": 0}
+    policies: list[bool] = []
+    init, step = learner_mod.Learner.__init__, learner_mod.Learner.train_step
+
+    def counting_init(self: Any, *a: Any, **kw: Any) -> None:
+        init(self, *a, **kw)
+        for name in counts:
+            opt = getattr(self, name).optimizer
+            inner = opt.step
+
+            def counted(*x: Any, _inner: Any = inner, _name: str = name, **k: Any) -> Any:
+                counts[_name] += 1
+                return _inner(*x, **k)
+
+            opt.step = counted
+
+    def spy_step(self: Any, trajs: Any, policy: bool = True) -> Any:
+        policies.append(policy)
+        return step(self, trajs, policy)
+
+    monkeypatch.setattr(learner_mod.Learner, "__init__", counting_init)
+    monkeypatch.setattr(learner_mod.Learner, "train_step", spy_step)
+    run = train(
+        str(ROOT / "configs/toy.yaml"),
+        [f"run.dir={tmp_path / 'run'}", "run.total_steps=2", "trainer.critic_warmup_steps=3",
+         "trainer.critic_updates_per_step=2", *SMALL],
+    )  # fmt: skip
+    assert policies == [False, False, False, True, True]
+    assert counts == {"critic": 10, "actor": 2}
+    warm = [json.loads(x) for x in (run / "critic_warmup.jsonl").read_text().splitlines()]
+    assert [w["critic_warmup_step"] for w in warm] == [1, 2, 3]
+    assert all(w["critic_warmup"] == 1.0 and w["trained_tokens"] == 0.0 for w in warm)
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2] and [r["version"] for r in rows] == [1, 2]
+    state = json.loads((run / "checkpoints" / "step_000002" / "trainer_state.json").read_text())
+    assert state["critic_warmup_done"] == 3
+    # every warm-up trajectory was sampled by version 0 and trained once: the books balance
+    ledger = [json.loads(x) for x in (run / "trajectories.jsonl").read_text().splitlines()]
+    trained = [r for r in ledger if r.get("type") == "event" and r.get("event") == "trained"]
+    assert sum(r["step"] == 0 for r in trained) == 3 * 4 and sum(r["step"] > 0 for r in trained) == 2 * 4
+
+
+def test_warmup_is_refused_for_an_algorithm_without_a_critic() -> None:
+    from trainer.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="critic_warmup_steps"):
+        load_config(ROOT / "configs/toy.yaml", ["trainer.algorithm=running_mean", "trainer.critic_warmup_steps=2"])
+
+
+def test_the_critic_has_its_own_gradient_clip(deepspeed_env: dict[str, str]) -> None:
+    from trainer import distributed
+    from trainer.config import config_from_dict
+    from trainer.learner import Learner
+    from trainer.models import load_actor, load_critic
+
+    distributed.init_distributed()
+    cfg = config_from_dict(
+        {
+            "model": {"path": "tiny:llama"},
+            "critic": {"gradient_clipping": 7.5},
+            "trainer": {"batch_size": 2},
+            "deepspeed": {"gradient_clipping": 1.0, "micro_batch_size": 2},
+        }
+    )
+    actor = load_actor(cfg)
+    learner = Learner(cfg, actor, load_critic(cfg, actor), pad_token_id=0)
+    assert learner.actor.gradient_clipping() == 1.0
+    assert learner.critic is not None and learner.critic.gradient_clipping() == 7.5
