@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
 import posixpath
 import shutil
@@ -88,21 +89,24 @@ class BwrapSandbox:
     def argv(self, cmd: str, workdir: str | None, env: dict[str, str] | None) -> list[str]:
         """The full bwrap command line for ``cmd`` (public for inspection and tests)."""
         args = [self.bwrap, *_root_args(self.cfg.bwrap_ro_binds)]
-        args += ["--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
+        args += ["--dev", "/dev", "--proc", "/proc", "--size", str(self.cfg.disk_bytes), "--tmpfs", "/tmp"]
         args += ["--bind", str(self.host_workdir), WORK_MOUNT, "--chdir", WORK_MOUNT]
-        args += ["--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
+        uid, gid = self.cfg.user.split(":")
+        args += ["--unshare-all", "--unshare-user", "--uid", uid, "--gid", gid]
+        args += ["--die-with-parent", "--new-session", "--cap-drop", "ALL"]
         if self.cfg.network == "host":
             args += ["--share-net"]
         args += ["--clearenv", "--setenv", "PATH", _PATH, "--setenv", "HOME", WORK_MOUNT, "--setenv", "LANG", "C.UTF-8"]
         for k, v in {**self.cfg.env, **(env or {})}.items():
             args += ["--setenv", k, v]
         kib = self.cfg.mem_bytes // 1024
-        # `ulimit -v` before exec: the limit binds the command and all its children; they cannot raise it.
+        blocks = max(1, self.cfg.disk_bytes // 512)
+        # `ulimit` before exec: the limits bind the command and all its children; they cannot raise them.
         # The shell (not bwrap) changes directory, so a missing workdir is the command's failure (exit 126, as
         # Docker reports it), not a sandbox failure.
-        wrapper = 'ulimit -v "$1" || exit 126; cd "$2" || exit 126; shift 2; exec "$@"'
+        wrapper = 'ulimit -v "$1" && ulimit -f "$2" || exit 126; cd "$3" || exit 126; shift 3; exec "$@"'
         cwd = workdir or self.cfg.workdir or WORK_MOUNT
-        args += ["/bin/sh", "-c", wrapper, "sh", str(kib), cwd, *self.cfg.shell, cmd]
+        args += ["/bin/sh", "-c", wrapper, "sh", str(kib), str(blocks), cwd, *self.cfg.shell, cmd]
         return args
 
     async def exec(
@@ -127,16 +131,36 @@ class BwrapSandbox:
         capper = OutputCapper(self.cfg.output_cap_bytes)
         timed_out = False
 
+        disk_full = False
+        used_before = await asyncio.to_thread(self.disk_used)
+
+        def over() -> bool:
+            # Over the limit and still growing: a command that only reads or deletes may run while over it.
+            used = self.disk_used()
+            return used > self.cfg.disk_bytes and used > used_before
+
         async def pump() -> None:
             assert proc.stdout is not None
             while chunk := await proc.stdout.read(256 * 1024):
                 capper.feed(chunk)
 
+        async def watch_disk() -> None:
+            nonlocal disk_full
+            while True:
+                await asyncio.sleep(self.cfg.disk_check_s)
+                if await asyncio.to_thread(over):
+                    disk_full = True
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(proc.pid, signal.SIGKILL)
+                    return
+
+        watcher = asyncio.create_task(watch_disk())
         try:
             await asyncio.wait_for(pump(), timeout)
         except TimeoutError:
-            timed_out = True
+            timed_out = not disk_full
         finally:
+            watcher.cancel()
             if timed_out or proc.returncode is None:
                 # Killing bwrap kills the jail's PID 1, which takes every process of the jail with it.
                 with contextlib.suppress(ProcessLookupError):
@@ -158,7 +182,17 @@ class BwrapSandbox:
             timed_out=timed_out,
             truncated=capper.truncated,
             duration_s=time.monotonic() - t0,
+            disk_full=disk_full or await asyncio.to_thread(over),
         )
+
+    def disk_used(self) -> int:
+        """Bytes of the files under ``/work`` (the only writable place that outlives a command)."""
+        total = 0
+        for root, _, files in os.walk(self.host_workdir):
+            for name in files:
+                with contextlib.suppress(OSError):
+                    total += os.lstat(os.path.join(root, name)).st_size
+        return total
 
     def _host_path(self, path: str) -> Path:
         """The host path behind ``path`` (absolute under /work, or relative to it); SandboxError elsewhere."""
@@ -186,10 +220,14 @@ class BwrapSandbox:
         return res.output
 
     async def write_file(self, path: str, content: str) -> None:
-        """Write under ``/work`` (relative paths too); elsewhere the jail is read-only: SandboxError."""
+        """Write under ``/work`` (relative paths too); elsewhere the jail is read-only: SandboxError. Past
+        ``disk_limit`` (what ``/work`` holds plus the new content): ``OSError(ENOSPC)``, the agent's business."""
         host = self._host_path(path)
+        data = content.encode("utf-8")
+        if await asyncio.to_thread(self.disk_used) + len(data) > self.cfg.disk_bytes:
+            raise OSError(errno.ENOSPC, f"{path}: over the sandbox's disk limit (sandbox.disk_limit)")
         host.parent.mkdir(parents=True, exist_ok=True)
-        host.write_text(content, encoding="utf-8")
+        host.write_bytes(data)
 
     async def copy_in(self, src: str, dest: str) -> None:
         host = self._host_path(dest)

@@ -8,6 +8,7 @@ from typing import Literal
 
 Backend = Literal["docker", "bwrap"]
 _MEM_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
+_USER_RE = re.compile(r"^(?:\d+:\d+|[a-z_][a-z0-9_-]*)$")
 _MEM_UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
 
 
@@ -42,10 +43,17 @@ class SandboxConfig:
         output_cap_bytes: max bytes of one command's output kept; beyond it the head and tail halves are kept
             around a ``[... N bytes truncated ...]`` marker and ``ExecResult.truncated`` is set.
         read_limit_bytes: largest file ``read_file`` returns (a SandboxError beyond it).
-        user: user commands run as (docker ``--user``); ``None`` keeps the image default (root in the base
-            image, with every capability dropped).
-        workdir: default working directory of commands (docker: image WORKDIR when ``None``; bwrap: the
-            writable directory, always ``/work``).
+        user: the unprivileged user every command runs as, ``"uid:gid"`` (default ``"1000:1000"``; docker also
+            takes a user name of the image, e.g. ``"nobody"``). It cannot signal PID 1 or the sandbox's own
+            processes, which run as root; root is refused here (an agent running as root could stop its
+            sandbox and so end its own episode as an infra error). bwrap maps it in its user namespace.
+        workdir: default working directory of commands (docker: ``AGENT_HOME`` when ``None``, otherwise made
+            the user's at start; bwrap: the writable directory, always ``/work``).
+        disk_limit: most bytes an episode may write (e.g. ``"1g"``). Every command runs under ``ulimit -f`` of
+            this size (a bigger file is refused by the kernel: ``File too large``); docker also watches the
+            container's writable layer and bwrap its ``/work`` (polled every ``disk_check_s``) and kills the
+            user's processes when the total passes the limit; bwrap's ``/tmp`` is a tmpfs of this size.
+        disk_check_s: seconds between two measurements of the sandbox's written bytes.
         shell: the argv prefix that runs a command string.
         env: extra environment variables for every command.
         cap_add: Linux capabilities given back after ``cap_drop=ALL`` (docker); empty by default.
@@ -66,7 +74,7 @@ class SandboxConfig:
     network: str = "none"
     output_cap_bytes: int = 64 * 1024
     read_limit_bytes: int = 16 * 1024 * 1024
-    user: str | None = None
+    user: str = "1000:1000"
     workdir: str | None = None
     shell: tuple[str, ...] = ("bash", "-c")
     env: dict[str, str] = field(default_factory=dict)
@@ -76,6 +84,8 @@ class SandboxConfig:
     kill_grace_s: float = 5.0
     daemon_wait_s: float = 300.0
     bwrap_ro_binds: tuple[str, ...] = ()
+    disk_limit: int | str = "1g"
+    disk_check_s: float = 1.0
 
     def __post_init__(self) -> None:
         if self.backend not in ("docker", "bwrap"):
@@ -105,6 +115,22 @@ class SandboxConfig:
         if not isinstance(self.daemon_wait_s, int | float) or self.daemon_wait_s < 0:
             raise ValueError(f"sandbox.daemon_wait_s: must be seconds >= 0, got {self.daemon_wait_s!r}")
         self.bwrap_ro_binds = tuple(self.bwrap_ro_binds)
+        if not isinstance(self.user, str) or not _USER_RE.match(self.user):
+            raise ValueError(
+                f"sandbox.user: must be 'uid:gid' (e.g. '1000:1000') or a user name of the image, got {self.user!r}"
+            )
+        if self.user.split(":")[0] in ("0", "root"):
+            raise ValueError(
+                "sandbox.user: commands may not run as root (they could stop their own sandbox); use an "
+                "unprivileged user such as '1000:1000'"
+            )
+        if self.backend == "bwrap" and not re.match(r"^\d+:\d+$", self.user):
+            raise ValueError(f"sandbox.user: bwrap maps a numeric 'uid:gid' (e.g. '1000:1000'), got {self.user!r}")
+        self.disk_limit = parse_bytes(self.disk_limit, "sandbox.disk_limit")
+        if self.disk_limit < 1 << 20:
+            raise ValueError(f"sandbox.disk_limit: must be at least 1 MiB ('1m'), got {self.disk_limit!r} bytes")
+        if not isinstance(self.disk_check_s, int | float) or not 0 < self.disk_check_s <= 60:
+            raise ValueError(f"sandbox.disk_check_s: must be seconds in (0, 60], got {self.disk_check_s!r}")
         if self.workdir is not None and not self.workdir.startswith("/"):
             raise ValueError(f"sandbox.workdir: must be an absolute path inside the sandbox, got {self.workdir!r}")
 
@@ -112,6 +138,11 @@ class SandboxConfig:
     def mem_bytes(self) -> int:
         """``mem_limit`` in bytes (normalised in ``__post_init__``)."""
         return int(self.mem_limit)
+
+    @property
+    def disk_bytes(self) -> int:
+        """``disk_limit`` in bytes (normalised in ``__post_init__``)."""
+        return int(self.disk_limit)
 
 
 @dataclass

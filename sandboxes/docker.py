@@ -29,8 +29,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import io
 import os
+import re
 import select
 import socket
 import tarfile
@@ -50,7 +52,13 @@ import requests
 
 from sandboxes.config import SandboxConfig
 from sandboxes.output import OutputCapper
-from sandboxes.protocols import ExecResult, ImageNotFoundError, SandboxError, SandboxUnavailableError
+from sandboxes.protocols import (
+    ExecResult,
+    ImageNotFoundError,
+    SandboxDiedError,
+    SandboxError,
+    SandboxUnavailableError,
+)
 
 T = TypeVar("T")
 OWNER_LABEL = "sao.owner"
@@ -58,6 +66,27 @@ OWNER_PID_LABEL = "sao.owner_pid"
 OWNER_HOST_LABEL = "sao.owner_host"
 TIMEOUT_EXIT = 124
 _KILL_EXIT = 137  # 128 + SIGKILL: what `timeout -s KILL` (and the OOM killer) leave behind
+_ERR_CAP = 4096
+AGENT_HOME = "/home/sao"  # HOME and default working directory of the commands' user, made at start
+# Kept from cap_drop=ALL for root only, and used only by `_PREPARE` at start: commands run as an unprivileged
+# user, whose capabilities the kernel clears at exec (no ambient set, no-new-privileges).
+_ROOT_CAPS = ("CHOWN",)
+# Run as root once at start, before any command: resolve the user, give it its home and the working directory.
+_PREPARE = r"""set -e
+case "$1" in *:*) uid=${1%%:*}; gid=${1#*:} ;; *) uid=$(id -u "$1"); gid=$(id -g "$1") ;; esac
+mkdir -p "$2" && chown "$uid:$gid" "$2"
+if [ -n "$3" ]; then
+  mkdir -p "$3"
+  [ "$(stat -c %u:%g "$3")" = "$uid:$gid" ] || chown -R "$uid:$gid" "$3"
+fi
+echo "$uid:$gid"
+"""
+# Wraps every command: the file size limit (512-byte blocks), stderr into stdout (one ordered stream), then the
+# memory cgroup's OOM-kill counter on the exec's own stderr, which the command no longer holds.
+_WRAPPER = (
+    'ulimit -f "$1" || exit 126; shift; "$@" 2>&1; rc=$?; '
+    "cat /sys/fs/cgroup/memory.events /sys/fs/cgroup/memory/memory.oom_control >&2 2>/dev/null; exit $rc"
+)
 
 _EXECUTOR = ThreadPoolExecutor(max_workers=128, thread_name_prefix="sao-docker")
 _CLIENTS: dict[tuple[int, str], Any] = {}
@@ -132,12 +161,15 @@ def _buffered_ahead(sock: Any, raw: socket.socket) -> bytes:
 
 class _Framer:
     """Incremental parser of Docker's multiplexed exec stream: frames of an 8-byte header (stream, 0, 0, 0,
-    big-endian payload length) and a payload; payloads go to the capper, stdout and stderr interleaved."""
+    big-endian payload length) and a payload. Payloads go to the capper, stdout and stderr interleaved; with
+    ``err`` given, stderr frames go there instead (the exec wrapper reports on stderr, the command on stdout)."""
 
-    def __init__(self, capper: OutputCapper) -> None:
+    def __init__(self, capper: OutputCapper, err: bytearray | None = None) -> None:
         self.capper = capper
+        self.err = err
         self.buf = bytearray()
         self.need_payload = 0
+        self.stream = 1
 
     def feed(self, chunk: bytes) -> None:
         buf = self.buf
@@ -145,12 +177,16 @@ class _Framer:
         while buf:
             if self.need_payload:
                 take = min(self.need_payload, len(buf))
-                self.capper.feed(bytes(buf[:take]))
+                if self.err is not None and self.stream == 2:
+                    self.err += buf[: min(take, max(0, _ERR_CAP - len(self.err)))]
+                else:
+                    self.capper.feed(bytes(buf[:take]))
                 del buf[:take]
                 self.need_payload -= take
                 continue
             if len(buf) < 8:
                 break
+            self.stream = buf[0]
             self.need_payload = int.from_bytes(buf[4:8], "big")
             del buf[:8]
 
@@ -198,6 +234,12 @@ class DockerSandbox:
         self.id = container_id
         self._on_close = on_close
         self._closed = False
+        self.uid, self.gid = 0, 0  # of the commands' user, set by `_prepare_blocking`
+        self._oom_seen = 0  # the memory cgroup's OOM-kill count after the last command
+        self.disk_kills = 0  # times the disk watch killed the user's processes (written by its thread)
+        self._disk_kills_told = 0
+        self.disk_baseline: int | None = None  # writable-layer bytes when the watch first measured it
+        self.disk_killed_at = 0
 
     # ---- lifecycle -------------------------------------------------------------------------------------------
     @classmethod
@@ -246,7 +288,7 @@ class DockerSandbox:
             nano_cpus=int(cfg.cpus * 1e9),
             pids_limit=cfg.pids_limit,
             cap_drop=["ALL"],
-            cap_add=list(cfg.cap_add) or None,
+            cap_add=[*_ROOT_CAPS, *cfg.cap_add],
             security_opt=["no-new-privileges"],
             init=cfg.init,
         )
@@ -257,7 +299,7 @@ class DockerSandbox:
                 name=f"sao-{uuid.uuid4().hex[:12]}",
                 labels=all_labels,
                 host_config=host_config,
-                user=cfg.user or "",
+                user="0:0",  # PID 1 and its `sleep`: out of reach of the commands' unprivileged user
                 working_dir=cfg.workdir,
                 environment=cfg.env or None,
                 stop_signal="SIGKILL",
@@ -280,7 +322,28 @@ class DockerSandbox:
             if isinstance(e, requests.exceptions.ConnectionError | OSError):
                 raise _unavailable(cfg.docker_host, e) from e
             raise SandboxError(f"container from {image!r} did not start: {e}") from e
-        return cls(cfg, client, cid)
+        sb = cls(cfg, client, cid)
+        try:
+            sb._prepare_blocking()
+        except BaseException:
+            with contextlib.suppress(Exception):
+                api.remove_container(cid, force=True, v=True)
+            raise
+        _DiskWatch.of(client, _host_key(cfg.docker_host)).add(sb)
+        return sb
+
+    def _prepare_blocking(self) -> None:
+        """As root, before any command: the user's numeric ids, its home, the working directory made its own."""
+        argv = ["sh", "-c", _PREPARE, "prepare", self.cfg.user, AGENT_HOME, self.cfg.workdir or ""]
+        code, out = self._collect_blocking(argv, "0:0", None, timeout=600)
+        ids = out.decode(errors="replace").strip().splitlines()
+        if code != 0 or not ids or not re.fullmatch(r"\d+:\d+", ids[-1]):
+            raise SandboxError(
+                f"could not prepare container {self.id[:12]} for user {self.cfg.user!r} (exit {code}): "
+                f"{out.decode(errors='replace')[-500:]}; use a 'uid:gid' or a user the image has"
+            )
+        uid, gid = ids[-1].split(":")
+        self.uid, self.gid = int(uid), int(gid)
 
     async def close(self) -> None:
         """Remove the container (idempotent)."""
@@ -294,6 +357,7 @@ class DockerSandbox:
                 self._on_close()
 
     def _remove_blocking(self) -> None:
+        _DiskWatch.of(self.client, _host_key(self.cfg.docker_host)).discard(self)
         try:
             self.client.api.remove_container(self.id, force=True, v=True)
         except docker.errors.NotFound:
@@ -323,16 +387,31 @@ class DockerSandbox:
             raise ValueError(f"timeout must be positive seconds, got {timeout!r}")
         return await run_blocking(self.exec_blocking, cmd, timeout, workdir, env)
 
-    def _exec_create(self, argv: list[str], workdir: str | None, env: dict[str, str] | None, user: str) -> str:
+    def _exec_create(
+        self, argv: list[str], workdir: str | None, env: dict[str, str] | None, user: str, stdin: bool = False
+    ) -> str:
         try:
-            ex = self.client.api.exec_create(self.id, argv, workdir=workdir, environment=env, user=user)
+            ex = self.client.api.exec_create(self.id, argv, workdir=workdir, environment=env, user=user, stdin=stdin)
             return str(ex["Id"])
         except docker.errors.NotFound as e:
             raise SandboxError(f"container {self.id[:12]} is gone: {e.explanation or e}") from e
         except docker.errors.APIError as e:
+            if e.status_code == 409 and user != "0:0":
+                self._check_alive()  # stopped since the last command: the agent's doing (SandboxDiedError)
             raise SandboxError(f"container {self.id[:12]} refused the command: {e.explanation or e}") from e
         except (requests.exceptions.ConnectionError, OSError) as e:
             raise _unavailable(self.cfg.docker_host, e) from e
+
+    def _start_socket(self, exec_id: str) -> Any:
+        try:
+            return self.client.api.exec_start(exec_id, socket=True)
+        except docker.errors.APIError as e:
+            raise SandboxError(f"container {self.id[:12]} could not start the command: {e.explanation or e}") from e
+        except (requests.exceptions.ConnectionError, OSError) as e:
+            raise _unavailable(self.cfg.docker_host, e) from e
+
+    def _user_env(self, env: dict[str, str] | None) -> dict[str, str]:
+        return {"HOME": AGENT_HOME, **self.cfg.env, **(env or {})}
 
     def exec_blocking(
         self, cmd: str, timeout: float, workdir: str | None = None, env: dict[str, str] | None = None
@@ -340,19 +419,15 @@ class DockerSandbox:
         if self._closed:
             raise SandboxError("exec on a closed sandbox")
         t0 = time.monotonic()
-        # `2>&1` inside: Docker carries stdout and stderr on two pipes and loses their relative order; one pipe
-        # keeps the interleaving the agent would see in a terminal.
-        argv = ["timeout", "-s", "KILL", f"{timeout:.3f}", "sh", "-c", 'exec "$@" 2>&1', "sh", *self.cfg.shell, cmd]
-        exec_id = self._exec_create(argv, workdir or self.cfg.workdir, env, self.cfg.user or "")
-        try:
-            sock = self.client.api.exec_start(exec_id, socket=True)
-        except docker.errors.APIError as e:
-            raise SandboxError(f"container {self.id[:12]} could not start the command: {e.explanation or e}") from e
-        except (requests.exceptions.ConnectionError, OSError) as e:
-            raise _unavailable(self.cfg.docker_host, e) from e
+        blocks = str(max(1, self.cfg.disk_bytes // 512))
+        argv = ["timeout", "-s", "KILL", f"{timeout:.3f}", "sh", "-c", _WRAPPER, "sh", blocks, *self.cfg.shell, cmd]
+        cwd = workdir or self.cfg.workdir or AGENT_HOME
+        exec_id = self._exec_create(argv, cwd, self._user_env(env), self.cfg.user)
+        sock = self._start_socket(exec_id)
         capper = OutputCapper(self.cfg.output_cap_bytes)
+        err = bytearray()
         raw = _raw_socket(sock)
-        framer = _Framer(capper)
+        framer = _Framer(capper, err)
         forced = False
         try:
             framer.feed(_buffered_ahead(sock, raw))
@@ -370,9 +445,9 @@ class DockerSandbox:
         exit_code = self._exit_code(exec_id)
         duration = time.monotonic() - t0
         if exit_code is None or exit_code == _KILL_EXIT:
-            # A SIGKILLed command may be the first sign of the whole container being killed; the daemon can
-            # report the exec's death a moment before the container's, so look again briefly (not after our own
-            # timeout fired: that 137 is explained).
+            # A SIGKILLed command may be the first sign of the whole container dying; the daemon can report the
+            # exec's death a moment before the container's, so look again briefly (not after our own timeout
+            # fired: that 137 is explained).
             self._check_alive()
             for _ in range(0 if time.monotonic() - t0 >= timeout else 4):
                 time.sleep(0.1)
@@ -380,13 +455,45 @@ class DockerSandbox:
         if exit_code is None:
             raise SandboxError(f"the daemon lost the exit status of a command in container {self.id[:12]}")
         timed_out = forced or (exit_code == _KILL_EXIT and duration >= timeout)
+        oom = re.search(rb"^oom_kill (\d+)$", bytes(err), re.MULTILINE)
+        oom_killed = oom is not None and int(oom.group(1)) > self._oom_seen
+        if oom is not None:
+            self._oom_seen = int(oom.group(1))
+        disk_full = self.disk_kills > self._disk_kills_told  # during this command, or in the background before it
+        self._disk_kills_told = self.disk_kills
         return ExecResult(
             exit_code=TIMEOUT_EXIT if timed_out else exit_code,
             output=capper.text(),
             timed_out=timed_out,
             truncated=capper.truncated,
             duration_s=duration,
+            oom_killed=oom_killed and not timed_out,
+            disk_full=disk_full,
         )
+
+    def _collect_blocking(
+        self, argv: list[str], user: str, stdin: bytes | None, timeout: float, cap: int = 1 << 20
+    ) -> tuple[int | None, bytes]:
+        """Run ``argv`` as ``user`` (no wrapper), feeding it ``stdin``; its exit code and (capped) output."""
+        exec_id = self._exec_create(argv, None, self._user_env(None), user, stdin=stdin is not None)
+        sock = self._start_socket(exec_id)
+        capper = OutputCapper(cap)
+        raw = _raw_socket(sock)
+        try:
+            if stdin is not None:
+                # A command that stops reading (refused past the size limit) breaks the pipe: its output says why.
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                    raw.sendall(stdin)
+                    raw.shutdown(socket.SHUT_WR)  # EOF on the command's stdin
+            done = pump_frames(raw, _Framer(capper), time.monotonic() + timeout)
+        except OSError as e:
+            raise _unavailable(self.cfg.docker_host, e) from e
+        finally:
+            with contextlib.suppress(Exception):
+                sock.close()
+        if not done:
+            raise SandboxError(f"a file operation in container {self.id[:12]} did not finish in {timeout:g} s")
+        return self._exit_code(exec_id), capper.data()
 
     def _exit_code(self, exec_id: str) -> int | None:
         # The stream can close a few ms before the daemon records the exit status.
@@ -404,6 +511,8 @@ class DockerSandbox:
         return None
 
     def _check_alive(self) -> None:
+        """``SandboxDiedError`` when the container has stopped (the daemon answers, so no infra failure: only
+        the commands' user ran anything since start); ``SandboxError`` when someone removed it."""
         try:
             state = self.client.api.inspect_container(self.id)["State"]
         except docker.errors.NotFound as e:
@@ -411,17 +520,17 @@ class DockerSandbox:
         except (requests.exceptions.ConnectionError, OSError) as e:
             raise _unavailable(self.cfg.docker_host, e) from e
         if not state.get("Running"):
-            raise SandboxError(
-                f"container {self.id[:12]} stopped while a command ran "
-                f"(status={state.get('Status')}, exit={state.get('ExitCode')}, oom_killed={state.get('OOMKilled')})"
+            raise SandboxDiedError(
+                f"the sandbox died during the agent's command (container {self.id[:12]}: "
+                f"status={state.get('Status')}, exit={state.get('ExitCode')}, oom_killed={state.get('OOMKilled')})"
             )
 
     def _kill_all_blocking(self) -> None:
-        """Kill every process in the container except PID 1 (the container stays)."""
+        """Kill every process of the commands' user (PID 1 and the container stay: they are root's)."""
         with contextlib.suppress(Exception):
-            # As the commands' own user: root without CAP_KILL cannot signal another uid's processes.
+            # Root without CAP_KILL cannot signal another uid's processes; the user itself can signal its own.
             argv = ["kill", "-9", "-1"]
-            self.client.api.exec_start(self._exec_create(argv, None, None, self.cfg.user or ""), detach=True)
+            self.client.api.exec_start(self._exec_create(argv, "/", None, self.cfg.user), detach=True)
 
     # ---- files ---------------------------------------------------------------------------------------------------
     async def read_file(self, path: str) -> str:
@@ -460,11 +569,30 @@ class DockerSandbox:
                 return fobj.read()
 
     async def write_file(self, path: str, content: str) -> None:
-        """Write ``content`` (UTF-8) to the absolute ``path``; parent directories are created."""
+        """Write ``content`` (UTF-8) to the absolute ``path`` as the commands' user (parent directories are
+        created), under the same file size limit. What the user may not do raises ``OSError`` (``PermissionError``,
+        ``errno.ENOSPC`` / ``EFBIG`` past the disk limit, ...), the agent's business; ``SandboxError`` as usual."""
         if not path.startswith("/"):
             raise ValueError(f"write_file needs an absolute path inside the sandbox, got {path!r}")
-        data = tar_one(path.lstrip("/"), content.encode("utf-8"))
-        await run_blocking(self._put_archive_blocking, "/", data)
+        await run_blocking(self._write_blocking, path, content.encode("utf-8"))
+
+    def _write_blocking(self, path: str, data: bytes) -> None:
+        script = 'ulimit -f "$1" || exit 126; mkdir -p -- "$(dirname -- "$2")" && cat > "$2"'
+        blocks = str(max(1, self.cfg.disk_bytes // 512))
+        code, out = self._collect_blocking(["sh", "-c", script, "write", blocks, path], self.cfg.user, data, 120)
+        if code == 0:
+            return
+        if code is None:
+            self._check_alive()
+            raise SandboxError(f"the daemon lost the exit status of a write in container {self.id[:12]}")
+        text = out.decode(errors="replace").strip()[-500:]
+        if code == 128 + 25 or "File too large" in text or "space left" in text:  # 25: SIGXFSZ
+            raise OSError(errno.EFBIG, f"{path}: over the sandbox's disk limit (sandbox.disk_limit): {text}")
+        if "Permission denied" in text or "Read-only" in text:
+            raise PermissionError(errno.EACCES, f"{path}: {text}")
+        if "Is a directory" in text:
+            raise IsADirectoryError(errno.EISDIR, f"{path}: {text}")
+        raise OSError(errno.EIO, f"{path} could not be written (exit {code}): {text}")
 
     def _put_archive_blocking(self, dest_dir: str, data: Any) -> None:
         try:
@@ -490,9 +618,14 @@ class DockerSandbox:
         # A temporary file, not memory: a repository can be large.
         with tempfile.TemporaryFile() as f:
             with tarfile.open(fileobj=f, mode="w") as tar:
-                tar.add(src, arcname=dest.lstrip("/"))
+                tar.add(src, arcname=dest.lstrip("/"), filter=self._owned_by_user)
             f.seek(0)
             self._put_archive_blocking("/", f)
+
+    def _owned_by_user(self, info: tarfile.TarInfo) -> tarfile.TarInfo:
+        # The daemon keeps a tar's owners: what is copied in belongs to the commands' user, who may then edit it.
+        info.uid, info.gid, info.uname, info.gname = self.uid, self.gid, "", ""
+        return info
 
     async def copy_out(self, src: str, dest: str) -> None:
         """Copy the container file or directory ``src`` to the host path ``dest`` (its parent must exist)."""
@@ -508,6 +641,67 @@ class DockerSandbox:
             with tarfile.open(fileobj=f, mode="r") as tar, tempfile.TemporaryDirectory(dir=target.parent) as tmp:
                 tar.extractall(tmp, filter="data")  # "data": no absolute paths, links out or device files
                 Path(tmp, stat["name"]).rename(target)
+
+
+class _DiskWatch:
+    """One thread per daemon measuring the writable layer of this process's sandboxes (``SizeRw``, one API call
+    for all) every ``disk_check_s``. Bytes written since the first measurement are the sandbox's; past
+    ``disk_limit``, and still growing since the last kill, every process of the commands' user is killed (the
+    container and its files stay: the agent can delete them and go on). It runs while a sandbox lives, between
+    commands too, so a writer left in the background is caught as well."""
+
+    _watches: dict[str, _DiskWatch] = {}  # noqa: RUF012 - one per daemon, for the whole process
+    _lock = threading.Lock()
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self.boxes: dict[str, DockerSandbox] = {}
+        self.thread: threading.Thread | None = None
+
+    @classmethod
+    def of(cls, client: Any, host: str) -> _DiskWatch:
+        with cls._lock:
+            watch = cls._watches.get(host)
+            if watch is None or watch.client is not client:
+                watch = cls._watches[host] = cls(client)
+            return watch
+
+    def add(self, sb: DockerSandbox) -> None:
+        with self._lock:
+            self.boxes[sb.id] = sb
+            if self.thread is None or not self.thread.is_alive():
+                self.thread = threading.Thread(target=self._run, name="sao-disk-watch", daemon=True)
+                self.thread.start()
+
+    def discard(self, sb: DockerSandbox) -> None:
+        with self._lock:
+            self.boxes.pop(sb.id, None)
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                if not self.boxes:
+                    self.thread = None
+                    return
+                period = min(b.cfg.disk_check_s for b in self.boxes.values())
+            time.sleep(period)
+            try:
+                rows = self.client.api.containers(filters={"label": f"{OWNER_PID_LABEL}={os.getpid()}"}, size=True)
+            except Exception:  # the daemon is away: the commands fail on their own, the watch tries again
+                continue
+            for row in rows:
+                sb = self.boxes.get(row.get("Id", ""))
+                if sb is not None:
+                    self.measured(sb, int(row.get("SizeRw") or 0))
+
+    @staticmethod
+    def measured(sb: DockerSandbox, size: int) -> None:
+        if sb.disk_baseline is None:
+            sb.disk_baseline = size
+        if size - sb.disk_baseline > sb.cfg.disk_bytes and size > sb.disk_killed_at:
+            sb.disk_killed_at = size
+            sb.disk_kills += 1
+            sb._kill_all_blocking()
 
 
 def _remove_pending(client: Any, host: str) -> None:

@@ -20,16 +20,29 @@ class SandboxUnavailableError(SandboxError):
     """The backend (Docker daemon, bwrap binary) cannot be reached or is not installed."""
 
 
+class SandboxDiedError(RuntimeError):
+    """The sandbox died during (or right after) one of the agent's own commands while its backend is healthy.
+
+    Not a ``SandboxError``: commands run as an unprivileged user that cannot signal the sandbox's PID 1, so what
+    is left is something the command caused (an escape, the memory killer taking the container's init, a
+    background process it left); the episode is scored as a failure with this message as its reason, never
+    dropped as an infra error (a dropped failure is an exit a policy can learn to take)."""
+
+
 @dataclass(frozen=True)
 class ExecResult:
     """Outcome of one command. ``output`` is stdout+stderr interleaved, capped (head + tail kept around a
-    marker) when ``truncated``; ``timed_out`` means the command was killed at its timeout (exit_code then 124)."""
+    marker) when ``truncated``; ``timed_out`` means the command was killed at its timeout (exit_code then 124);
+    ``oom_killed``: the kernel killed it (or one of its processes) for the sandbox's memory limit;
+    ``disk_full``: the sandbox's written bytes passed ``disk_limit`` while it ran and its processes were killed."""
 
     exit_code: int
     output: str
     timed_out: bool = False
     truncated: bool = False
     duration_s: float = 0.0
+    oom_killed: bool = False
+    disk_full: bool = False
 
 
 @runtime_checkable
