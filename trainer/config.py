@@ -250,6 +250,9 @@ class EvalConfig:
     temperature: float = 1.0
     """Sampling temperature of the evaluated policy (0 = greedy)."""
     concurrency: int = 16
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+    """``env.kwargs`` overrides for the eval episodes only, e.g. ``{pass_to_pass_sample: null}``: a SWE job's
+    training reward runs a sample of the tests, its evals grade on all of them as the official harness does."""
 
 
 CLUSTER_BACKENDS = ("local", "ray")

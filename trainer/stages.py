@@ -6,7 +6,8 @@ model flows from stage to stage: ``sft`` and ``train`` start from the current mo
 ``final/actor``.
 
 * ``collect``: ``collect.n`` episodes of ``collect.model`` (a demonstrator of ``agent.engines.demonstrators``:
-  ``solver`` for arithmetic, ``swe_demonstrator`` for SWE tasks) on the training tasks, through the one episode runner, in the env's sandboxes -> ``trajectories.jsonl``;
+  ``solver`` for arithmetic, ``swe_demonstrator`` for SWE tasks) on the training tasks, through the one episode
+  runner, in the env's sandboxes -> ``trajectories.jsonl``;
 * ``sft``: ``trainer.sft`` on ``sft.data`` or else the collected trajectories (``sft.min_reward``, default 1.0
   for collected ones: only solved episodes);
 * ``eval``: the current model on ``eval.n`` held-out tasks (success, valid tool-call rate, mean turns), its env
@@ -90,7 +91,7 @@ def held_out_tasks(cfg: Config) -> list[dict[str, Any]]:
 async def _rollouts(
     cfg: Config, engine: Any, tokenizer: Any, tasks: list[Any], out: Path, conc: int, temp: float,
     env_kwargs: dict[str, Any] | None = None,
-) -> list[Trajectory]:
+) -> list[Trajectory]:  # fmt: skip
     from agent.rollout import EpisodeRunner, RunnerConfig, TokenPlayer, env_factory, episodes_of
 
     player = TokenPlayer(engine, tokenizer, _agent_cfg(cfg, temp))
@@ -105,9 +106,8 @@ async def _rollouts(
 
 
 def collect_stage(cfg: Config, model_dir: str, out: Path) -> dict[str, Any]:
-    from trainer.models import load_tokenizer
-
     from agent.engines.demonstrators import make_demonstrator
+    from trainer.models import load_tokenizer
 
     c = cfg.collect
     tok = load_tokenizer(cfg)
