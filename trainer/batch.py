@@ -55,6 +55,16 @@ class Batch:
         sel = torch.tensor(list(idx), dtype=torch.long)
         return replace(self, **{f.name: getattr(self, f.name).index_select(0, sel) for f in fields(self)})
 
+    @property
+    def lengths(self) -> list[int]:
+        """Tokens of each row (rows are right-padded, so row ``i`` is real up to ``lengths[i]``)."""
+        return [int(n) for n in self.attention_mask.sum(-1).tolist()]
+
+    def columns(self, width: int) -> Batch:
+        """The first ``width`` tokens of every row: with ``width`` >= the longest row, only padding is cut."""
+        cut = {f.name: getattr(self, f.name) for f in fields(self)}
+        return replace(self, **{k: v[:, :width] for k, v in cut.items() if v.dim() == 2})  # [B] fields stay whole
+
 
 @dataclass
 class _Flat:

@@ -200,7 +200,13 @@ class DeepSpeedConfig:
     offload_optimizer: bool = False
     offload_param: bool = False
     micro_batch_size: int = 8
-    """Sequences per forward/backward; a batch is split into micro batches (gradient accumulation)."""
+    """Most sequences per forward/backward; a batch is split into micro batches (gradient accumulation)."""
+    micro_batch_tokens: int = 4096
+    """Token budget of a micro batch (rows x its longest row, padding included): rows are sorted by length, balanced
+    over the ranks by tokens, and each micro batch, padded only to its own longest row, takes rows while it stays
+    within both this budget and ``micro_batch_size`` (a row longer than the budget is a micro batch alone). Memory
+    then follows tokens, not the batch's longest row. 0 = the plain row cut: ``micro_batch_size`` rows per micro
+    batch, all padded to the batch's longest row."""
     gradient_clipping: float = 1.0
 
 
@@ -368,6 +374,10 @@ class Config:
             (not r.action_vocab or r.engine == "hf", "rollout.action_vocab needs rollout.engine=hf; clear one of them"),
             (d.zero_stage in (0, 1, 2, 3), "deepspeed.zero_stage must be 0, 1, 2 or 3"),
             (d.micro_batch_size >= 1, "deepspeed.micro_batch_size must be >= 1"),
+            (
+                d.micro_batch_tokens >= 0,
+                "deepspeed.micro_batch_tokens must be >= 0 (a token budget per micro batch; 0 = the plain row cut)",
+            ),
             (d.gradient_clipping >= 0, "deepspeed.gradient_clipping must be >= 0 (0 disables clipping)"),
             (self.model.dtype in ("float32", "bfloat16"), "model.dtype must be 'float32' or 'bfloat16'"),
             (self.run.total_steps >= 1, "run.total_steps must be >= 1"),

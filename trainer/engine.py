@@ -1,14 +1,18 @@
 """DeepSpeed engines and the micro-batch plumbing shared by the learner, value pretraining and SFT.
 
-``make_engine`` / ``ds_config`` build an engine (torch AdamW on CPU, skipping non-finite steps); ``grad_accum_steps``,
-``shard_batch`` and ``token_scale`` cut a global batch into this rank's micro batches and weight their losses so that
-accumulation over micro batches and ranks equals one token-mean over the whole batch; ``critic_step`` is one value
-optimizer step over those micro batches; ``ev_parts`` / ``ev_from_parts`` the batch's explained variance.
+``make_engine`` / ``ds_config`` build an engine (torch AdamW on CPU, skipping non-finite steps); ``shard_batch``
+(planned by ``micro_rows``: a token budget, or the plain row cut) cuts a global batch into this rank's micro batches,
+``mark_boundary`` closes the optimizer step on the last of them, and ``token_scale`` weights their losses so that
+accumulation over micro batches and ranks equals one token-mean over the whole batch, however it was cut;
+``critic_step`` is one value optimizer step over those micro batches; ``ev_parts`` / ``ev_from_parts`` the batch's
+explained variance.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -17,7 +21,7 @@ from torch import nn
 from trainer import distributed as dist_utils
 from trainer.algos.losses import value_loss
 from trainer.batch import Batch
-from trainer.config import Config, ConfigError
+from trainer.config import Config, ConfigError, DeepSpeedConfig
 from trainer.models import shifted_values
 
 
@@ -101,13 +105,91 @@ def grad_accum_steps(batch_size: int, micro_batch_size: int) -> int:
     return math.ceil(batch_size // world / micro_batch_size)
 
 
-def shard_batch(full: Batch, micro_batch_size: int) -> list[Batch]:
-    """This rank's rows of a global batch (rank, rank + world, ...), cut into micro batches on the device."""
-    rank, world = dist_utils.rank(), dist_utils.world_size()
-    mine = list(range(rank, full.shape[0], world))
-    chunks = [mine[i : i + micro_batch_size] for i in range(0, len(mine), micro_batch_size)]
+def micro_rows(
+    lengths: Sequence[int], world: int, micro_batch_size: int, micro_batch_tokens: int
+) -> list[list[list[int]]]:
+    """Every rank's micro batches as rows of the global batch (``[rank][micro] -> rows``), from the row lengths
+    alone, so every rank computes the same plan without talking to the others.
+
+    ``micro_batch_tokens == 0``, the row cut: rank r takes rows r, r + world, ... in chunks of ``micro_batch_size``.
+    Otherwise the token budget: rows go to the ranks longest first, each to the rank holding the fewest tokens so
+    far; on each rank, longest first, a micro batch takes rows while ``rows x its longest row`` stays within
+    ``micro_batch_tokens`` and ``rows`` within ``micro_batch_size``. Either way a rank with fewer micro batches than
+    another gets empty ones (``[]``) at the end: the accumulation boundary, where the ranks reduce gradients, must
+    fall on the same micro batch on every rank.
+    """
+    if world < 1 or micro_batch_size < 1 or micro_batch_tokens < 0:
+        raise ValueError("world and micro_batch_size must be >= 1, micro_batch_tokens >= 0")
+    if micro_batch_tokens == 0:
+        mine = [list(range(r, len(lengths), world)) for r in range(world)]
+        plans = [[m[i : i + micro_batch_size] for i in range(0, len(m), micro_batch_size)] for m in mine]
+    else:
+        per_rank: list[list[int]] = [[] for _ in range(world)]
+        load = [0] * world
+        for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+            r = min(range(world), key=lambda k: (load[k], len(per_rank[k]), k))
+            per_rank[r].append(i)
+            load[r] += lengths[i]
+        plans = [_pack(rows, lengths, micro_batch_size, micro_batch_tokens) for rows in per_rank]
+    n = max(len(p) for p in plans)
+    return [p + [[] for _ in range(n - len(p))] for p in plans]
+
+
+def _pack(rows: list[int], lengths: Sequence[int], max_rows: int, budget: int) -> list[list[int]]:
+    """Rows sorted longest first into micro batches: each is padded to its first row, so it fits while
+    ``(rows + 1) x lengths[first] <= budget``."""
+    out: list[list[int]] = []
+    for i in rows:
+        if out and len(out[-1]) < max_rows and (len(out[-1]) + 1) * lengths[out[-1][0]] <= budget:
+            out[-1].append(i)
+        else:
+            out.append([i])
+    return out
+
+
+def _cuts(full: Batch, d: DeepSpeedConfig) -> list[tuple[list[int], int]]:
+    """This rank's micro batches as ``(rows, width)``: the row cut keeps the batch's width, the token budget pads
+    each micro batch to its own longest row; an empty one is one token wide."""
+    lengths = full.lengths
+    plan = micro_rows(lengths, dist_utils.world_size(), d.micro_batch_size, d.micro_batch_tokens)
+    mine = plan[dist_utils.rank()]
+    if d.micro_batch_tokens == 0:
+        return [(rows, full.shape[1] if rows else 1) for rows in mine]
+    return [(rows, max((lengths[i] for i in rows), default=1)) for rows in mine]
+
+
+def shard_batch(full: Batch, d: DeepSpeedConfig) -> list[Batch]:
+    """This rank's micro batches of a global batch (``micro_rows`` with ``deepspeed.micro_batch_size`` /
+    ``micro_batch_tokens``), on the device. An empty micro batch is one attended token of row 0 with nothing to
+    train (no action or response token, no reward): it runs forward and backward like the others, so collective
+    ops inside them (ZeRO-3 gathers, gradient reduction) match across ranks, and adds exactly zero gradient."""
     dev = dist_utils.device()
-    return [full.rows(c).to(dev) for c in chunks]
+    out = []
+    for rows, width in _cuts(full, d):
+        if rows:
+            out.append(full.rows(rows).columns(width).to(dev))
+            continue
+        one = full.rows([0]).columns(1)
+        off = torch.zeros_like(one.action_mask)
+        idle = replace(one, action_mask=off, response_mask=off, rewards=torch.zeros_like(one.rewards),
+                       rollout_logprobs=torch.zeros_like(one.rollout_logprobs))  # fmt: skip
+        out.append(idle.to(dev))
+    return out
+
+
+def shard_like(t: torch.Tensor, full: Batch, d: DeepSpeedConfig) -> list[torch.Tensor]:
+    """A ``[B, T]`` tensor of the global batch (e.g. advantages computed over all of it) cut exactly as
+    ``shard_batch`` cuts ``full``, on the device; zeros on an empty micro batch."""
+    dev = dist_utils.device()
+    return [(t[rows, :width] if rows else t.new_zeros((1, 1))).to(dev) for rows, width in _cuts(full, d)]
+
+
+def mark_boundary(engine: Any, i: int, n: int) -> None:
+    """Before micro batch ``i`` of ``n``: tell DeepSpeed whether this one closes the optimizer step (gradient
+    reduction, clipping, the update). With a token budget ``n`` changes from batch to batch, so the engine's own
+    count (``gradient_accumulation_steps``, fixed when it was built) cannot say; its loss scaling by that count
+    stays, and ``token_scale`` undoes it whatever ``n`` is."""
+    engine.set_gradient_accumulation_boundary(i == n - 1)
 
 
 def token_scale(masks: list[torch.Tensor], grad_accum: int) -> tuple[float, float]:
@@ -144,6 +226,7 @@ def critic_step(
     gn0: float | None = None
     skipped0 = int(getattr(engine, "skipped_steps", 0))
     for i, (b, mask, ret) in enumerate(zip(micro, masks, returns, strict=True)):
+        mark_boundary(engine, i, len(micro))
         values = shifted_values(engine(b.input_ids, b.attention_mask, b.position_ids))
         ok = mask & torch.isfinite(values.detach())
         if seen is not None:

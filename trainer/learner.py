@@ -41,8 +41,10 @@ from trainer.engine import (
     full_grad_norm,
     grad_accum_steps,
     make_engine,
+    mark_boundary,
     plain_grads,
     shard_batch,
+    shard_like,
     token_scale,
 )
 from trainer.models import shifted_values
@@ -87,7 +89,6 @@ class Learner:
         self.pad_token_id = pad_token_id
         self.allowed: torch.Tensor | None = None
         self.baseline = RunningMeanBaseline(decay=t.running_mean_momentum or None)
-        self.device = dist_utils.device()
 
     # -- forward helpers -------------------------------------------------------------------------------------
     def _logp(self, b: Batch, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -115,7 +116,7 @@ class Learner:
         """One policy version: advantages -> ``ppo_epochs`` policy steps -> K critic steps (see module doc)."""
         full, bad = self._collate(trajs)
         m: dict[str, float] = {"nonfinite_rewards": float(len(bad))}
-        micro = shard_batch(full, self.cfg.deepspeed.micro_batch_size)
+        micro = shard_batch(full, self.cfg.deepspeed)
         adv = self._advantages(full, micro, bad, m)
         if adv is None:  # non-finite critic values: nothing of this batch can be trusted
             m.update(skipped_steps=float(self.cfg.trainer.ppo_epochs), trained_tokens=0.0)
@@ -182,10 +183,7 @@ class Learner:
                     )
                 )
                 a_full[keep] = a_sub.float()
-            rank, world = dist_utils.rank(), dist_utils.world_size()
-            mine = list(range(rank, full.shape[0], world))
-            mb = self.cfg.deepspeed.micro_batch_size
-            advs = [a_full[mine[i : i + mb]].to(self.device) for i in range(0, len(mine), mb)]
+            advs = shard_like(a_full, full, self.cfg.deepspeed)
             m["baseline_mean"] = float(self.baseline.mean)
         parts = [whiten_stats(a, b.action_mask) for a, b in zip(advs, micro, strict=True)]
         stats = dist_utils.all_reduce_sum([sum(p[i] for p in parts) for i in range(3)])
@@ -283,6 +281,7 @@ class Learner:
         gn0: float | None = None
         bad_logp = 0.0
         for i, (b, mask0, old, adv, rl) in enumerate(zip(micro, masks, olds, advs, rollout, strict=True)):
+            mark_boundary(self.actor, i, len(micro))
             logp, ent = self._logp(b, True)
             mask = mask0 & torch.isfinite(logp.detach())
             bad_logp += float((mask0 & ~mask).sum())
