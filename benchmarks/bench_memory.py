@@ -89,7 +89,7 @@ def actor_step(model: Any, ids: Any, action_mask: Any, variant: str, chunk_token
     from trainer.algos.logprobs import chunk_logprobs, token_logprobs
 
     g = torch.Generator().manual_seed(1)
-    adv = torch.randn(ids.shape, generator=g)
+    adv = torch.randn(ids.shape, generator=g).to(ids.device)  # the generator is a CPU one; ids may be on CUDA
     n = action_mask.sum().clamp(min=1)
     if variant == "backbone":
         out = model.model(input_ids=ids)

@@ -38,13 +38,20 @@ def time_learner_phases() -> None:
         return
     acc: dict[str, float] = {}
 
+    def sync() -> None:
+        # CUDA kernels run behind the Python thread: without a sync a phase's GPU work lands in the next phase
+        if torch.cuda.is_initialized():
+            torch.cuda.synchronize()
+
     def timed(label: str, fn: Any) -> Any:
         @functools.wraps(fn)
         def wrapper(self: Any, *a: Any, **k: Any) -> Any:
+            sync()
             t0 = time.perf_counter()
             try:
                 return fn(self, *a, **k)
             finally:
+                sync()
                 acc[label] = acc.get(label, 0.0) + time.perf_counter() - t0
 
         return wrapper
@@ -66,10 +73,12 @@ def time_learner_phases() -> None:
     step = Learner.train_step
 
     @functools.wraps(step)
-    def train_step(self: Any, trajs: Any) -> dict[str, float]:
+    def train_step(self: Any, trajs: Any, *a: Any, **k: Any) -> dict[str, float]:
         acc.clear()
+        sync()
         t0 = time.perf_counter()
-        m = step(self, trajs)
+        m = step(self, trajs, *a, **k)
+        sync()
         m["time_learner_s"] = time.perf_counter() - t0
         for label in (*_PHASES.values(), "old_logp"):
             m[f"time_{label}_s"] = acc.get(label, 0.0)

@@ -20,15 +20,20 @@ from tests.conftest import free_port
 pytestmark = [pytest.mark.gpu, pytest.mark.vllm, pytest.mark.timeout(1800)]
 
 
-def _need_gpus(n: int) -> None:
-    if not torch.cuda.is_available() or torch.cuda.device_count() < n:
-        pytest.skip(f"needs {n} CUDA GPU(s); found {torch.cuda.device_count() if torch.cuda.is_available() else 0}")
+def _gpus() -> int:
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
+def needs_gpus(n: int) -> pytest.MarkDecorator:
+    """Skip before any fixture runs (a fixture may need what a GPU machine lacks, e.g. the converted SmolLM2)."""
+    return pytest.mark.skipif(_gpus() < n, reason=f"needs {n} CUDA GPU(s); found {_gpus()}")
+
+
+@needs_gpus(2)
 async def test_nccl_broadcast_into_a_vllm_gpu_server(
     smollm2_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    _need_gpus(2)
+    pytest.importorskip("vllm", reason="vllm (the GPU build) is not installed")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from agent.engines.protocols import SamplingParams
@@ -71,8 +76,10 @@ async def test_nccl_broadcast_into_a_vllm_gpu_server(
         server.stop()
 
 
+@needs_gpus(3)
 def test_ray_backend_on_three_gpus(tmp_path: Path) -> None:
-    _need_gpus(3)
+    for mod in ("ray", "vllm", "gymnasium"):
+        pytest.importorskip(mod, reason=f"{mod} is not installed (the Ray run serves vLLM engines on TokenGame)")
     import ray
 
     from tests.integration.cluster.test_ray_backend import STEPS, overrides

@@ -16,15 +16,21 @@ from tests.integration.trainer.test_runs import FAST, ROOT, _env, _steps
 from trainer.config import config_from_dict
 
 pytestmark = [pytest.mark.gpu, pytest.mark.deepspeed]
+# The GPU machine has no deepspeed until the wheels of `bash scripts/gpu_check.sh --prepare` are installed there.
+pytest.importorskip("deepspeed", reason="deepspeed is not installed: carry it as docs/gpu.md says")
 
 
-def _need_gpus(n: int) -> None:
-    if not torch.cuda.is_available() or torch.cuda.device_count() < n:
-        pytest.skip(f"needs {n} CUDA GPU(s); found {torch.cuda.device_count() if torch.cuda.is_available() else 0}")
+def _gpus() -> int:
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
+def needs_gpus(n: int) -> pytest.MarkDecorator:
+    """Skip before any fixture runs (a fixture may need what a GPU machine lacks, e.g. the converted SmolLM2)."""
+    return pytest.mark.skipif(_gpus() < n, reason=f"needs {n} CUDA GPU(s); found {_gpus()}")
+
+
+@needs_gpus(1)
 def test_bf16_sao_step_on_cuda_with_nccl(deepspeed_env: dict[str, str]) -> None:
-    _need_gpus(1)
     from trainer import distributed
     from trainer.learner import Learner
     from trainer.models import load_actor, load_critic
@@ -52,8 +58,9 @@ def test_bf16_sao_step_on_cuda_with_nccl(deepspeed_env: dict[str, str]) -> None:
     assert all(torch.isfinite(torch.tensor(float(v))) for k, v in metrics.items() if isinstance(v, float))
 
 
+@needs_gpus(2)
 def test_two_gpus_nccl_zero3_toy_run_stays_identical(tmp_path: Path) -> None:
-    _need_gpus(2)
+    pytest.importorskip("gymnasium", reason="the toy run's TokenGame env needs gymnasium, which is not installed")
     run = tmp_path / "gpu2"
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
