@@ -29,6 +29,9 @@ cancelled), ``max_format_errors`` consecutive unparseable actions ("format_error
 Infra errors: a ``sandboxes.protocols.SandboxError`` raised by a hook during a step ends the episode with
 ``truncated=True``, reward 0 and ``info["infra_error"]`` (the agent marks the trajectory infra_error; it is never
 trained on). During ``reset`` it propagates: there is no episode to mark. A bad task record raises ``ValueError``.
+The policy's failures are scored, never dropped: a ``sandboxes.protocols.SandboxDiedError`` (the sandbox died
+during the agent's own command, its backend healthy) ends the episode with ``terminated=True``, reward 0, not
+solved, and ``info["report"] == {"failure": "sandbox_died", "reason": ...}``; the agent keeps it for training.
 
 Sync and async: ``areset``/``astep``/``aclose`` are the real methods (the rollout loop awaits them); ``reset``/
 ``step``/``close`` run them on a private event loop owned by the env. Use one style per env instance: resources
@@ -49,7 +52,7 @@ import numpy as np
 
 from envs.protocols import FormatError, ResetInfo, StepInfo, Tool, ToolCall, TruncationReason
 from envs.spaces import UnicodeText
-from sandboxes.protocols import SandboxError
+from sandboxes.protocols import SandboxDiedError, SandboxError
 
 T = TypeVar("T")
 
@@ -78,6 +81,11 @@ class Grade:
     reward: float
     solved: bool
     report: dict[str, Any] = field(default_factory=dict)
+
+
+def died_grade(e: SandboxDiedError) -> Grade:
+    """The grade of an episode whose sandbox died during the agent's command: a failure, with its reason."""
+    return Grade(reward=0.0, solved=False, report={"failure": "sandbox_died", "reason": str(e)})
 
 
 def cap_text(text: str, limit: int, marker: str = "\n[... {n} characters cut ...]\n") -> str:
@@ -183,6 +191,8 @@ class MultiTurnEnv(gym.Env[str, str]):
             await self._finish()
             failed = StepInfo(role="user", infra_error=f"{type(e).__name__}: {e}", format_error=False, solved=False)
             return "", 0.0, False, True, failed
+        except SandboxDiedError as e:
+            return await self._sandbox_died(e)
         info = StepInfo(role=turn.role, format_error=turn.format_error, step=self._steps)
         info.update(cast(StepInfo, turn.info))
         self._format_errors = self._format_errors + 1 if turn.format_error else 0
@@ -203,6 +213,8 @@ class MultiTurnEnv(gym.Env[str, str]):
                 await self._finish()
                 info["infra_error"] = f"{type(e).__name__}: {e}"
                 return cap_text(turn.observation, self.max_obs_chars), 0.0, False, True, info
+            except SandboxDiedError as e:
+                grade = died_grade(e)
             if grade is not None:
                 reward += grade.reward
                 info["report"], info["solved"] = grade.report, grade.solved
@@ -227,9 +239,18 @@ class MultiTurnEnv(gym.Env[str, str]):
                 info["report"], info["solved"] = grade.report, grade.solved
         except SandboxError as e:
             info["infra_error"] = f"{type(e).__name__}: {e}"
+        except SandboxDiedError as e:
+            info["report"], info["solved"] = died_grade(e).report, False
         finally:
             await self._finish()
         return reward, info
+
+    async def _sandbox_died(self, e: SandboxDiedError) -> tuple[str, float, bool, bool, StepInfo]:
+        """The agent's command took its sandbox down: a scored failure that ends the episode."""
+        await self._finish()
+        grade = died_grade(e)
+        info = StepInfo(role="user", format_error=False, step=self._steps, report=grade.report, solved=False)
+        return f"The sandbox died during your command; the episode ends. ({e})", 0.0, True, False, info
 
     async def aclose(self) -> None:
         await self._finish()

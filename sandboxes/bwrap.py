@@ -212,7 +212,7 @@ class BwrapSandbox:
             if not host.exists():
                 raise FileNotFoundError(f"{path} does not exist in the sandbox")
             if host.stat().st_size > self.cfg.read_limit_bytes:
-                raise SandboxError(f"{path} is over sandbox.read_limit_bytes")
+                raise OSError(errno.EFBIG, f"{path} is over sandbox.read_limit_bytes")
             return host.read_text(errors="replace")
         res = await self.exec(f"cat -- '{path}'", timeout=30)
         if res.exit_code != 0:

@@ -42,7 +42,7 @@ class SandboxConfig:
             bwrap accepts ``"none"`` or ``"host"``.
         output_cap_bytes: max bytes of one command's output kept; beyond it the head and tail halves are kept
             around a ``[... N bytes truncated ...]`` marker and ``ExecResult.truncated`` is set.
-        read_limit_bytes: largest file ``read_file`` returns (a SandboxError beyond it).
+        read_limit_bytes: largest file ``read_file`` returns (``OSError(EFBIG)`` beyond it).
         user: the unprivileged user every command runs as, ``"uid:gid"`` (default ``"1000:1000"``; docker also
             takes a user name of the image, e.g. ``"nobody"``). It cannot signal PID 1 or the sandbox's own
             processes, which run as root; root is refused here (an agent running as root could stop its

@@ -239,7 +239,7 @@ class DockerSandbox:
         self.disk_kills = 0  # times the disk watch killed the user's processes (written by its thread)
         self._disk_kills_told = 0
         self.disk_baseline: int | None = None  # writable-layer bytes when the watch first measured it
-        self.disk_killed_at = 0
+        self.disk_killed_at: int | None = 0  # the size still-growing is measured from; None: just killed
 
     # ---- lifecycle -------------------------------------------------------------------------------------------
     @classmethod
@@ -513,17 +513,25 @@ class DockerSandbox:
     def _check_alive(self) -> None:
         """``SandboxDiedError`` when the container has stopped (the daemon answers, so no infra failure: only
         the commands' user ran anything since start); ``SandboxError`` when someone removed it."""
+        state = self._state()
+        if state.get("Running"):
+            return
+        time.sleep(0.3)  # `docker rm -f` kills first: a container being removed can look merely stopped
+        state = self._state()
+        if state.get("Status") == "removing":
+            raise SandboxError(f"container {self.id[:12]} was removed while a command ran")
+        raise SandboxDiedError(
+            f"the sandbox died during the agent's command (container {self.id[:12]}: "
+            f"status={state.get('Status')}, exit={state.get('ExitCode')}, oom_killed={state.get('OOMKilled')})"
+        )
+
+    def _state(self) -> dict[str, Any]:
         try:
-            state = self.client.api.inspect_container(self.id)["State"]
+            return dict(self.client.api.inspect_container(self.id)["State"])
         except docker.errors.NotFound as e:
             raise SandboxError(f"container {self.id[:12]} was removed while a command ran") from e
         except (requests.exceptions.ConnectionError, OSError) as e:
             raise _unavailable(self.cfg.docker_host, e) from e
-        if not state.get("Running"):
-            raise SandboxDiedError(
-                f"the sandbox died during the agent's command (container {self.id[:12]}: "
-                f"status={state.get('Status')}, exit={state.get('ExitCode')}, oom_killed={state.get('OOMKilled')})"
-            )
 
     def _kill_all_blocking(self) -> None:
         """Kill every process of the commands' user (PID 1 and the container stay: they are root's)."""
@@ -535,7 +543,8 @@ class DockerSandbox:
     # ---- files ---------------------------------------------------------------------------------------------------
     async def read_file(self, path: str) -> str:
         """The text of ``path`` in the container. FileNotFoundError when absent (the agent's business);
-        SandboxError beyond ``read_limit_bytes`` or when the container is gone."""
+        ``OSError(EFBIG)`` beyond ``read_limit_bytes`` (also the agent's business); SandboxError when the
+        container is gone."""
         data = await run_blocking(self._read_bytes_blocking, path)
         return data.decode("utf-8", errors="replace")
 
@@ -555,7 +564,7 @@ class DockerSandbox:
     def _read_bytes_blocking(self, path: str) -> bytes:
         stream, stat = self._get_archive(path)
         if stat.get("size", 0) > self.cfg.read_limit_bytes:
-            raise SandboxError(f"{path} is {stat['size']} bytes, over sandbox.read_limit_bytes")
+            raise OSError(errno.EFBIG, f"{path} is {stat['size']} bytes, over sandbox.read_limit_bytes")
         with tempfile.SpooledTemporaryFile(max_size=8 * 1024 * 1024) as f:
             for chunk in stream:
                 f.write(chunk)
@@ -646,9 +655,10 @@ class DockerSandbox:
 class _DiskWatch:
     """One thread per daemon measuring the writable layer of this process's sandboxes (``SizeRw``, one API call
     for all) every ``disk_check_s``. Bytes written since the first measurement are the sandbox's; past
-    ``disk_limit``, and still growing since the last kill, every process of the commands' user is killed (the
-    container and its files stay: the agent can delete them and go on). It runs while a sandbox lives, between
-    commands too, so a writer left in the background is caught as well."""
+    ``disk_limit``, and grown since the measurement that followed the last kill, every process of the commands'
+    user is killed (the container and its files stay: the agent can read, delete and go on; only writing more
+    is killed again). It runs while a sandbox lives, between commands too, so a writer left in the background is
+    caught as well. The bound is ``disk_limit`` plus what a writer manages in one period (~250 MB/s here)."""
 
     _watches: dict[str, _DiskWatch] = {}  # noqa: RUF012 - one per daemon, for the whole process
     _lock = threading.Lock()
@@ -698,8 +708,10 @@ class _DiskWatch:
     def measured(sb: DockerSandbox, size: int) -> None:
         if sb.disk_baseline is None:
             sb.disk_baseline = size
-        if size - sb.disk_baseline > sb.cfg.disk_bytes and size > sb.disk_killed_at:
+        if sb.disk_killed_at is None:  # the first measurement after a kill: what the killed writers left
             sb.disk_killed_at = size
+        elif size - sb.disk_baseline > sb.cfg.disk_bytes and size > sb.disk_killed_at:
+            sb.disk_killed_at = None
             sb.disk_kills += 1
             sb._kill_all_blocking()
 

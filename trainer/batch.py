@@ -27,7 +27,8 @@ class Batch:
     what token-level ``gae`` runs over); rollout_logprobs (float32, the engine's sampling logprob, 0 off actions;
     may hold -inf/NaN from a faulty engine: the learner masks those tokens); rewards (float32: each turn's reward
     on its last action token, the rest of the trajectory reward on the last action token); group_ids (long ``[B]``:
-    ``Trajectory.group_id``, or a group of its own for a trajectory without one).
+    ``Trajectory.group_id``, or a group of its own for a trajectory without one); truncated (bool ``[B]``: the
+    trajectory's status is ``truncated``, a limit ended it, so GAE bootstraps from V at the cut).
     """
 
     input_ids: torch.Tensor
@@ -38,6 +39,7 @@ class Batch:
     rollout_logprobs: torch.Tensor
     rewards: torch.Tensor
     group_ids: torch.Tensor
+    truncated: torch.Tensor
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -140,6 +142,7 @@ def _build(flats: list[_Flat], width: int, pad_token_id: int, trajectories: Sequ
         rollout_logprobs=logprobs,
         rewards=rewards,
         group_ids=group_ids,
+        truncated=torch.tensor([t.status == "truncated" for t in trajectories], dtype=torch.bool),
     )
 
 

@@ -19,7 +19,12 @@ from trainer.algos.registry import (
     algorithm_names,
     get_algorithm,
     policy_loss_names,
+    policy_loss_traits,
 )
+
+
+# The DIS bands of the paper as its public ports report them: (eps_low, eps_high), the band (1 - lo, 1 + hi).
+DIS_BANDS: dict[str, tuple[float, float]] = {"reasoning": (0.3, 5.0), "coding": (0.8, 3.0)}
 
 
 class ConfigError(ValueError):
@@ -97,9 +102,15 @@ class TrainerConfig:
     critic_updates_per_step: int = 4
     """K: critic optimizer steps per policy step (the faster value update)."""
     eps_low: float = 0.2
-    """DIS/PPO lower ratio bound: tokens with r <= 1 - eps_low are masked out."""
+    """PPO trust region (and the DIS band when ``dis_band: custom``): ratios r <= 1 - eps_low are clipped (PPO) or
+    masked out (DIS)."""
     eps_high: float = 0.28
-    """DIS/PPO upper ratio bound: tokens with r >= 1 + eps_high are masked out."""
+    """PPO trust region (and the DIS band when ``dis_band: custom``): ratios r >= 1 + eps_high are clipped (PPO)
+    or masked out (DIS)."""
+    dis_band: str = "custom"
+    """The DIS band (losses that mask by it: ``dis``): ``reasoning`` keeps ratios in (0.7, 6.0) and ``coding`` in
+    (0.2, 4.0), as the paper's public ports report them (temperature 1, top-p 1); ``custom`` uses
+    (1 - eps_low, 1 + eps_high). Strict: a ratio exactly on a bound is masked."""
     gamma: float = 1.0
     """GAE discount per action token (skip-observation GAE counts action tokens only)."""
     lam: float = 1.0
@@ -111,16 +122,26 @@ class TrainerConfig:
     """VAPO's length-adaptive lambda for the policy: lambda = 1 - 1 / (lambda_alpha * action_tokens)."""
     lambda_alpha: float = 0.05
     max_staleness: int = 4
-    """Drop trajectories whose oldest action segment is more than this many versions behind."""
+    """The most versions between a trajectory's oldest action segment and the step that trains it."""
+    staleness_policy: str = "wait"
+    """How ``max_staleness`` holds: ``wait`` (admission control: no episode starts that could not be trained in
+    time, and the trainer waits for the oldest ones; nothing finished is dropped, so long episodes are not
+    selected against) or ``drop`` (drop trajectories past the bound, counted as ``dropped_stale``)."""
+    update_order: str = "advantages_first"
+    """Critic algorithms: ``advantages_first`` (ours: the policy's advantages and the critic's returns both from
+    the values before the K critic steps) or ``critic_first`` (the order the paper's ports use: K critic steps,
+    then the policy's advantages from the updated critic, at the cost of one more critic forward)."""
     sync_every: int = 1
     """Push new weights to the inference engine every N versions."""
     group_size: int = 4
     """GRPO: rollouts per prompt."""
-    ppo_epochs: int = 1
+    ppo_epochs: int | None = None
     """Optimizer steps of the actor on each batch (> 1 lets a PPO-style clip act; the old-policy recompute
-    happens once, before the first)."""
+    happens once, before the first); null = the algorithm's own (ppo: 2, where 1 would leave its clip inert;
+    others: 1)."""
     behavior_weight_cap: float | None = None
-    """ppo (decoupled PPO): drop tokens whose behaviour weight pi_old / pi_rollout exceeds this; null = no cap."""
+    """ppo (decoupled PPO): drop tokens whose behaviour weight pi_old / pi_rollout exceeds this; null = the
+    algorithm's own (ppo: 2.0); ``.inf`` = no cap."""
     entropy_coef: float = 0.0
     warmup_steps: int = 0
     """Linear learning-rate warmup of the actor over its first N optimizer steps (0 = none)."""
@@ -322,6 +343,12 @@ class Config:
         return self.algorithm.critic
 
     @property
+    def dis_bounds(self) -> tuple[float, float]:
+        """``(eps_low, eps_high)`` of the DIS band: the ``trainer.dis_band`` preset, or the custom eps."""
+        t = self.trainer
+        return DIS_BANDS.get(t.dis_band, (t.eps_low, t.eps_high))
+
+    @property
     def advantage_estimator(self) -> str:
         """``trainer.advantage`` if set, else the algorithm's estimator."""
         return self.trainer.advantage or self.algorithm.advantage
@@ -337,6 +364,7 @@ class Config:
             close = difflib.get_close_matches(t.algorithm, known, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise ConfigError(f"trainer.algorithm: unknown {t.algorithm!r}{hint}; choose one of {known}")
+        self._fill_algorithm_defaults()
         checks: list[tuple[bool, str]] = [
             (t.critic_updates_per_step >= 1, "trainer.critic_updates_per_step (K) must be >= 1; set it to 1 or more"),
             (0 < t.eps_low < 1, "trainer.eps_low must be in (0, 1) (the ratio lower bound is 1 - eps_low)"),
@@ -344,7 +372,19 @@ class Config:
             (0 <= t.gamma <= 1, "trainer.gamma must be in [0, 1]"),
             (0 <= t.lam <= 1, "trainer.lam (lambda) must be in [0, 1]"),
             (0 <= t.critic_lam <= 1, "trainer.critic_lam must be in [0, 1]"),
-            (t.ppo_epochs >= 1, "trainer.ppo_epochs must be >= 1 (1 = one policy step per batch)"),
+            (t.ppo_epochs is not None and t.ppo_epochs >= 1, "trainer.ppo_epochs must be >= 1 (1 = one step per batch)"),
+            (
+                t.dis_band in (*DIS_BANDS, "custom"),
+                f"trainer.dis_band: unknown {t.dis_band!r}; use one of {[*DIS_BANDS, 'custom']}",
+            ),
+            (
+                t.staleness_policy in ("wait", "drop"),
+                f"trainer.staleness_policy: unknown {t.staleness_policy!r}; use 'wait' or 'drop'",
+            ),
+            (
+                t.update_order in ("advantages_first", "critic_first"),
+                f"trainer.update_order: unknown {t.update_order!r}; use 'advantages_first' or 'critic_first'",
+            ),
             (
                 t.behavior_weight_cap is None or t.behavior_weight_cap > 1,
                 "trainer.behavior_weight_cap must be > 1 (or null for no cap)",
@@ -391,6 +431,16 @@ class Config:
                 raise ConfigError(msg)
         self._validate_algorithm()
 
+    def _fill_algorithm_defaults(self) -> None:
+        """Trainer fields left null take the algorithm's own value (``AlgorithmSpec.defaults``), else the generic
+        one; the resolved config saved with a run then shows what ran."""
+        t = self.trainer
+        for name, value in self.algorithm.defaults:
+            if getattr(t, name) is None:
+                setattr(t, name, value)
+        if t.ppo_epochs is None:
+            t.ppo_epochs = 1
+
     def _validate_algorithm(self) -> None:
         """The checks the algorithm's spec asks for: registered parts, grouping, critic, its own checks."""
         t, spec = self.trainer, self.algorithm
@@ -405,6 +455,20 @@ class Config:
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise ConfigError(f"trainer.advantage: unknown estimator {est!r}{hint}; choose one of {advantage_names()}")
         traits = advantage_traits(est)
+        loss_traits = policy_loss_traits(spec.policy_loss)
+        if loss_traits.needs_old_logp != spec.old_policy_recompute:
+            need = "needs" if loss_traits.needs_old_logp else "does not use"
+            raise ConfigError(
+                f"trainer.algorithm {spec.name!r}: its policy loss {spec.policy_loss!r} {need} an old-policy recompute "
+                f"but the spec sets old_policy_recompute={spec.old_policy_recompute}; make them agree in the spec"
+            )
+        staleness = t.max_staleness if spec.max_staleness is None else spec.max_staleness
+        if t.staleness_policy == "wait" and not spec.synchronous and staleness < t.sync_every:
+            raise ConfigError(
+                f"trainer.max_staleness ({staleness}) < trainer.sync_every ({t.sync_every}): with "
+                "staleness_policy=wait no episode could be started that is sure to be trained in time (the engine may "
+                "hold weights sync_every versions old); raise trainer.max_staleness or set trainer.staleness_policy=drop"
+            )
         if traits.needs_values and not spec.critic:
             raise ConfigError(
                 f"trainer.advantage {est!r} needs critic values, but algorithm {spec.name!r} trains no critic; "
@@ -414,6 +478,12 @@ class Config:
             raise ConfigError(
                 f"trainer.advantage {est!r} compares rollouts of one prompt, but algorithm {spec.name!r} does not "
                 "roll out in groups; pick a grouped algorithm (grpo, grpo_dis) or another estimator"
+            )
+        if spec.critic and not traits.needs_values:
+            alt = f"trainer.algorithm={est}" if est in algorithm_names() else "an algorithm without a critic"
+            raise ConfigError(
+                f"trainer.advantage {est!r} reads no critic values, but algorithm {spec.name!r} trains a critic for "
+                f"its advantages; use {alt} or an estimator that reads the critic (skip_obs_gae, gae)"
             )
         if spec.grouped and t.batch_size % t.group_size:
             raise ConfigError(

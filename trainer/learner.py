@@ -23,7 +23,13 @@ from torch import nn
 
 from agent.records import Trajectory
 from trainer import distributed as dist_utils
-from trainer.algos.advantages import RunningMeanBaseline, whiten, whiten_stats
+from trainer.algos.advantages import (
+    RunningMeanBaseline,
+    advantages_per_row_lambda,
+    row_lambdas,
+    whiten,
+    whiten_stats,
+)
 from trainer.algos.logprobs import token_logprobs
 from trainer.algos.registry import (
     AdvantageInputs,
@@ -31,6 +37,7 @@ from trainer.algos.registry import (
     advantage_traits,
     get_advantage,
     get_policy_loss,
+    policy_loss_traits,
 )
 from trainer.batch import Batch, collate
 from trainer.config import Config, ConfigError
@@ -79,6 +86,9 @@ class Learner:
         self.adv_fn = get_advantage(cfg.advantage_estimator)
         self.adv_traits = advantage_traits(cfg.advantage_estimator)
         self.loss_fn = get_policy_loss(self.spec.policy_loss)
+        self.loss_traits = policy_loss_traits(self.spec.policy_loss)
+        # the DIS band (trainer.dis_band) for losses that mask by it, else the PPO trust region
+        self.ratio_bounds = cfg.dis_bounds if self.loss_traits.dis_band else (t.eps_low, t.eps_high)
         self.temperature = cfg.rollout.temperature
         self.actor = make_engine(actor, cfg, self.grad_accum, t.lr, t.weight_decay, t.warmup_steps)
         self.critic = (
@@ -118,6 +128,12 @@ class Learner:
         m: dict[str, float] = {"nonfinite_rewards": float(len(bad))}
         micro = shard_batch(full, self.cfg.deepspeed)
         adv = self._advantages(full, micro, bad, m)
+        critic_first = self.critic is not None and self.cfg.trainer.update_order == "critic_first"
+        if adv is not None and critic_first:
+            # the order the paper's ports use: K critic steps on the returns, then the policy's advantages from the
+            # updated critic (ours, advantages_first, takes both from the values before the critic steps)
+            m.update(self._critic_steps(micro, adv))
+            adv = self._advantages(full, micro, bad, m)
         if adv is None:  # non-finite critic values: nothing of this batch can be trusted
             m.update(skipped_steps=float(self.cfg.trainer.ppo_epochs), trained_tokens=0.0)
             m["critic_skipped_steps"] = float(self.cfg.trainer.critic_updates_per_step)
@@ -126,7 +142,7 @@ class Learner:
             m.update(skipped_steps=float(self.cfg.trainer.ppo_epochs), skipped_uniform_batches=1.0, trained_tokens=0.0)
         else:
             m.update(self._policy_steps(micro, adv.advantages))
-        if self.critic is not None:
+        if self.critic is not None and not critic_first:
             m.update(self._critic_steps(micro, adv))
         return m
 
@@ -155,7 +171,7 @@ class Learner:
         advs: list[torch.Tensor] = []
         rets: list[torch.Tensor] = []
         olds: list[torch.Tensor] = []
-        if self.critic is not None:
+        if self.adv_traits.needs_values:
             with torch.no_grad():
                 olds = [torch.where(b.response_mask, self._values(b), 0.0) for b in micro]
             bad = sum(float((b.response_mask & ~torch.isfinite(v)).sum()) for b, v in zip(micro, olds, strict=True))
@@ -176,8 +192,8 @@ class Learner:
                         rewards=sub.rewards,
                         action_mask=sub.action_mask,
                         response_mask=sub.response_mask,
-                        group_ids=sub.group_ids,
-                        baseline=self.baseline,
+                        group_ids=sub.group_ids if self.adv_traits.needs_groups else None,
+                        baseline=self.baseline if self.adv_traits.needs_baseline else None,
                         gamma=t.gamma,
                         lam=t.lam,
                     )
@@ -196,33 +212,24 @@ class Learner:
         return _Advantages(advs, rets, olds, value_masks)
 
     def _gae(self, b: Batch, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Actor advantages with ``trainer.lam`` (or VAPO's length-adaptive lambda), critic returns with
-        ``trainer.critic_lam``; one estimator call when the two lambdas agree."""
+        """Actor advantages with ``trainer.lam`` (or VAPO's length-adaptive lambda per row), critic returns with
+        ``trainer.critic_lam``; one estimator call when the two lambdas agree. Truncated rows bootstrap from V
+        at the cut in both."""
         t = self.cfg.trainer
-
-        def run(rows: slice, lam: float) -> tuple[torch.Tensor, torch.Tensor]:
-            res: tuple[torch.Tensor, torch.Tensor] = self.adv_fn(
-                AdvantageInputs(
-                    rewards=b.rewards[rows],
-                    action_mask=b.action_mask[rows],
-                    response_mask=b.response_mask[rows],
-                    values=values[rows],
-                    gamma=t.gamma,
-                    lam=lam,
-                )
-            )
-            return res
-
-        every = slice(None)
-        adv, ret = run(every, t.lam)
+        inputs = AdvantageInputs(
+            rewards=b.rewards,
+            action_mask=b.action_mask,
+            response_mask=b.response_mask,
+            values=values,
+            truncated=b.truncated,
+            gamma=t.gamma,
+            lam=t.lam,
+        )
+        adv, ret = self.adv_fn(inputs)
         if t.critic_lam != t.lam:
-            _, ret = run(every, t.critic_lam)
+            _, ret = self.adv_fn(dataclasses.replace(inputs, lam=t.critic_lam))
         if t.length_adaptive_lambda:
-            adv = torch.zeros_like(adv)
-            for i in range(b.shape[0]):
-                n = max(int(b.action_mask[i].sum()), 1)
-                lam_i = min(max(1.0 - 1.0 / (t.lambda_alpha * n), 0.0), 1.0)
-                adv[i] = run(slice(i, i + 1), lam_i)[0][0]
+            adv, _ = advantages_per_row_lambda(self.adv_fn, inputs, row_lambdas(b.action_mask, t.lambda_alpha))
         return adv, ret
 
     def _policy_steps(self, micro: list[Batch], advs: list[torch.Tensor]) -> dict[str, float]:
@@ -231,7 +238,7 @@ class Learner:
         masked out of the loss."""
         t = self.cfg.trainer
         olds: list[torch.Tensor | None] = [None] * len(micro)
-        if self.spec.old_policy_recompute:
+        if self.loss_traits.needs_old_logp:
             with torch.no_grad():
                 olds = [self._logp(b, False)[0] for b in micro]
         masks, rollout, bad = [], [], 0.0
@@ -292,14 +299,17 @@ class Learner:
                     advantages=torch.where(mask, adv, 0.0),
                     action_mask=mask,
                     old_logp=None if old is None else torch.where(mask, old, 0.0),
-                    eps_low=t.eps_low,
-                    eps_high=t.eps_high,
+                    eps_low=self.ratio_bounds[0],
+                    eps_high=self.ratio_bounds[1],
                     behavior_weight_cap=t.behavior_weight_cap,
+                    # a loss that masks tokens applies the bonus itself, only to the tokens it trains
+                    entropy=None if ent is None else torch.where(mask, ent, 0.0),
+                    entropy_coef=t.entropy_coef,
                 )
             )
             n_mb = float(mask.sum())
             ent_mean = float((ent.detach() * mask).sum() / max(n_mb, 1.0)) if ent is not None else 0.0
-            if t.entropy_coef and ent is not None:
+            if t.entropy_coef and ent is not None and not self.loss_traits.entropy_bonus:
                 loss = loss - t.entropy_coef * torch.where(mask, ent, 0.0).sum() / max(n_mb, 1.0)
             self.actor.backward(loss * n_mb * scale)
             if i == len(micro) - 1 and plain_grads(self.actor):

@@ -58,14 +58,15 @@ class LocalEngine:
                 res = self.model(input_ids=ids, past_key_values=past, use_cache=True)
                 past = res.past_key_values
                 logits = restrict_logits(res.logits[0, -1].float(), self.allowed)
-                logp = torch.log_softmax(logits, -1)
+                # the logprob under the distribution the token was drawn from (logits / T), as the Generation
+                # contract says and the trainer recomputes; greedy reports the temperature-1 logprob
+                logp = torch.log_softmax(logits / sp.temperature if sp.temperature > 0 else logits, -1)
                 if sp.temperature <= 0:
                     tok = int(torch.argmax(logp))
                 else:
-                    probs = torch.softmax(logits / sp.temperature, -1)
-                    tok = int(torch.multinomial(probs, 1, generator=gen))
+                    tok = int(torch.multinomial(logp.exp(), 1, generator=gen))
                 out_ids.append(tok)
-                out_lp.append(float(logp[tok]))  # the logprob before temperature, as vLLM reports it
+                out_lp.append(float(logp[tok]))
                 if tok in sp.stop_token_ids:
                     finish = "stop"
                     break

@@ -1,10 +1,19 @@
 """The rollout coordinator: episodes in flight with the current weights, a bounded buffer, staleness-checked batches.
 
 SAO mode: ``rollout.concurrency`` episodes run at all times and never wait for the trainer, except that a full
-buffer (``rollout.buffer_size`` finished, untaken trajectories) pauses new starts: that backpressure bounds how
-stale a trajectory can get. ``next_batch`` hands out the next ``batch_size`` trajectories the moment they exist,
-dropping (and recording) any whose oldest action segment is more than ``max_staleness`` versions behind.
-Group mode (GRPO): each task runs ``group_size`` times and a group enters the buffer only when all of it finished;
+buffer (``rollout.buffer_size`` finished, untaken trajectories) pauses new starts. ``next_batch`` hands out the next
+``batch_size`` trajectories. The staleness bound (``max_staleness`` versions between the oldest action of a
+trajectory and the step that trains it) holds in one of two ways (``trainer.staleness_policy``):
+
+* ``wait`` (default): admission control, no finished work is dropped. Every untaken episode has a deadline (the
+  last version that may train it: its start version + ``max_staleness``); an episode starts only if every untaken
+  episode can still be trained by its deadline at ``batch_size`` per version (oldest first), and a batch waits for
+  the oldest episodes whose deadline would otherwise pass. A long episode therefore holds the trainer back instead
+  of being thrown away, which would bias training towards short episodes.
+* ``drop``: take whatever finished first; drop (and record) any trajectory whose lag exceeds the bound.
+
+Group mode (GRPO): each task runs ``group_size`` times (every member resets with the same seed and task, so the
+members play the same prompt whatever the task source) and a group enters the buffer only when all of it finished;
 ``synchronous=True`` (grpo) starts a batch's groups only after the previous batch was trained and synced.
 Infra-error trajectories are recorded and never enter the buffer. Episodes are played by the agent's one episode
 runner (``agent.rollout.EpisodeRunner.run_one``), which the coordinator keeps open (warm sandbox pools) while it runs.
@@ -31,10 +40,16 @@ class EpisodeSource(Protocol):
     async def run_one(self, episode: Episode) -> Trajectory: ...
 
 
+STALENESS_POLICIES = ("wait", "drop")
+
+
 @dataclass
 class Item:
+    """A finished trajectory in the buffer; ``start`` is a lower bound of the version its first action used."""
+
     uid: str
     traj: Trajectory
+    start: int = 0
 
 
 @dataclass
@@ -77,7 +92,12 @@ class Coordinator:
         synchronous: bool = False,
         cursor: int = 0,
         seq: int = 0,
+        staleness_policy: str = "wait",
+        sync_every: int = 1,
+        batch_size: int = 0,
     ) -> None:
+        if staleness_policy not in STALENESS_POLICIES:
+            raise ValueError(f"staleness_policy must be one of {STALENESS_POLICIES}, got {staleness_policy!r}")
         self.runner = runner
         self.tasks, self.ledger = tasks, ledger
         self.concurrency, self.buffer_size, self.max_staleness = concurrency, buffer_size, max_staleness
@@ -92,6 +112,10 @@ class Coordinator:
         self._main: asyncio.Task[None] | None = None
         self._sync_budget = 0  # synchronous mode: episodes the trainer allowed for the next batch
         self._last_infra = ""
+        self._batch_size = batch_size  # admission control needs it (0: learned from the first next_batch)
+        self.staleness_policy, self.sync_every = staleness_policy, sync_every
+        self._flying: dict[int, int] = {}  # start version -> episodes in flight that started then
+        self._batch_taken_at = -1  # the version whose batch was handed out last
 
     # -- producer ------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -100,7 +124,34 @@ class Coordinator:
     def restore(self, records: list[dict[str, Any]]) -> None:
         """Put pending trajectories (from a resumed run's ledger) back into the buffer, in arrival order."""
         for rec in records:
-            self.buffer.append(Item(rec["uid"], Trajectory.from_dict(rec["trajectory"])))
+            traj = Trajectory.from_dict(rec["trajectory"])
+            oldest = traj.oldest_policy_version
+            self.buffer.append(Item(rec["uid"], traj, self.version if oldest is None else oldest))
+
+    def _start_version(self) -> int:
+        """A lower bound of the weights' version an episode starting now samples with: the trainer's version is
+        set before its weights reach the engine, and the engine only syncs every ``sync_every`` versions."""
+        return max(0, self.version - self.sync_every)
+
+    def _first_open_version(self) -> int:
+        """The version of the next batch not yet handed out."""
+        return self.version + (1 if self._batch_taken_at == self.version else 0)
+
+    def _untaken_starts(self, extra: int = 0) -> list[tuple[int, bool]]:
+        """``(start version, finished)`` of every untaken episode (plus ``extra`` starting now), oldest first and
+        finished first among equals."""
+        out = [(i.start, True) for i in self.buffer]
+        out += [(v, False) for v, k in self._flying.items() for _ in range(k)]
+        out += [(self._start_version(), False)] * extra
+        return sorted(out, key=lambda x: (x[0], not x[1]))
+
+    def _overflow(self, starts: list[tuple[int, bool]], first: int, batch: int) -> int:
+        """The most of the oldest episodes that batches from ``first`` on cannot train by their deadlines: the k-th
+        oldest (deadline ``d``) needs ``k <= batch * (d - first + 1)``."""
+        worst = 0
+        for k, (start, _) in enumerate(starts, 1):
+            worst = max(worst, k - batch * (start + self.max_staleness - first + 1))
+        return worst
 
     def _room(self) -> bool:
         n = self.group_size
@@ -109,7 +160,13 @@ class Coordinator:
         if self.synchronous:
             return self._sync_budget > 0
         # Backpressure: finished + running episodes never exceed the buffer, so a full buffer pauses new starts.
-        return len(self.buffer) + self._in_flight + n <= max(self.buffer_size, n)
+        if len(self.buffer) + self._in_flight + n > max(self.buffer_size, n):
+            return False
+        if self.staleness_policy == "wait" and self._batch_size:
+            # Admission control: start only if every untaken episode can still be trained by its deadline.
+            starts = self._untaken_starts(extra=n)
+            return self._overflow(starts, self._first_open_version(), self._batch_size) <= 0
+        return True
 
     async def _produce(self) -> None:
         async with contextlib.AsyncExitStack() as stack:
@@ -127,9 +184,11 @@ class Coordinator:
             seed, options, task_id = self.tasks.get(index)
             n = self.group_size
             self._in_flight += n
+            start = self._start_version()
+            self._flying[start] = self._flying.get(start, 0) + n
             if self.synchronous:
                 self._sync_budget -= n
-            task = asyncio.create_task(self._group(index, seed, options, task_id, n))
+            task = asyncio.create_task(self._group(index, seed, options, task_id, n, start))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
@@ -141,16 +200,23 @@ class Coordinator:
         except Exception as e:  # the runner records episode failures itself; this guards a runner that raised
             return infra_error_trajectory(task_id or str(index), "unknown", e)
 
-    async def _group(self, index: int, seed: int, options: dict[str, Any] | None, task_id: str | None, n: int) -> None:
+    async def _group(
+        self, index: int, seed: int, options: dict[str, Any] | None, task_id: str | None, n: int, start: int
+    ) -> None:
+        # Every member resets with the same seed and options: with the env's own sampler the seed picks the task,
+        # so a different seed per member would give each member a different prompt (and no group baseline).
         try:
-            trajs = await asyncio.gather(*(self._one(index, seed + k, options, task_id) for k in range(n)))
+            trajs = await asyncio.gather(*(self._one(index, seed, options, task_id) for _ in range(n)))
         finally:
             self._in_flight -= n
+            self._flying[start] -= n
+            if not self._flying[start]:
+                del self._flying[start]
         for traj in trajs:
-            self._accept(index, dataclasses.replace(traj, group_id=index) if n > 1 else traj)
+            self._accept(index, dataclasses.replace(traj, group_id=index) if n > 1 else traj, start)
         self._changed.set()
 
-    def _accept(self, index: int, traj: Trajectory) -> None:
+    def _accept(self, index: int, traj: Trajectory, start: int) -> None:
         uid = uuid.uuid4().hex
         self.ledger.arrived(uid, self.seq, index, traj, self.version)
         self.seq += 1
@@ -159,7 +225,7 @@ class Coordinator:
             self.counters.infra_error += 1
             self._last_infra = str(traj.info.get("infra_error", ""))
             return
-        self.buffer.append(Item(uid, traj))
+        self.buffer.append(Item(uid, traj, start))
 
     # -- consumer ------------------------------------------------------------------------------------------
     def allow_next_batch(self, n: int) -> None:
@@ -172,23 +238,63 @@ class Coordinator:
         return 0 if oldest is None else max(0, self.version - oldest)
 
     async def next_batch(self, n: int, step: int) -> list[Item]:
-        """The next ``n`` fresh-enough trajectories (waits until they exist); stale ones are dropped and logged."""
+        """The next ``n`` trajectories (waits until they exist). ``drop``: stale ones are dropped and logged;
+        ``wait``: the oldest episodes whose deadline would pass are waited for and always taken."""
+        self._batch_size = n
+        self._changed.set()  # the producer's admission check needs the batch size
+        if self.staleness_policy == "wait" and not self.synchronous:
+            out = await self._batch_by_deadline(n)
+        else:
+            out = await self._batch_first_finished(n, step)
+        self._batch_taken_at = self.version
+        self._changed.set()  # room in the buffer: the producer may start another episode
+        return out
+
+    async def _wait_changed(self) -> None:
+        if self._main is not None and self._main.done():
+            self._main.result()  # surface a crashed producer instead of waiting forever
+        self._check_infra()
+        self._changed.clear()
+        await self._changed.wait()
+
+    async def _batch_first_finished(self, n: int, step: int) -> list[Item]:
         out: list[Item] = []
         while len(out) < n:
-            if self._main is not None and self._main.done():
-                self._main.result()  # surface a crashed producer instead of waiting forever
             while not self.buffer:
-                self._check_infra()
-                self._changed.clear()
-                await self._changed.wait()
+                await self._wait_changed()
             self._check_infra()
             item = self.buffer.popleft()
-            self._changed.set()  # room in the buffer: the producer may start another episode
-            if self.lag(item.traj) > self.max_staleness:
+            self._changed.set()
+            if self.staleness_policy == "drop" and self.lag(item.traj) > self.max_staleness:
                 self.counters.dropped_stale += 1
                 self.ledger.event([item.uid], "dropped_stale", step, self.version)
                 continue
             out.append(item)
+        return out
+
+    async def _batch_by_deadline(self, n: int) -> list[Item]:
+        """``n`` items: first the oldest ones that a later batch could not train by their deadline (waiting for
+        them to finish), then the rest in arrival order. Whole groups stay together (``n`` is a multiple of the
+        group size and the mandatory count is rounded up to whole groups)."""
+        g = self.group_size
+        while True:
+            starts = self._untaken_starts()
+            # this batch trains at self.version; what it leaves must fit into the batches from version + 1 on
+            must = min(n, max(0, self._overflow(starts, self.version + 1, n)))
+            must = -(-must // g) * g
+            if len(self.buffer) >= n and all(done for _, done in starts[:must]):
+                break
+            await self._wait_changed()
+        self._check_infra()
+        ranked = sorted(range(len(self.buffer)), key=lambda i: self.buffer[i].start)  # stable: arrival order
+        chosen = set(ranked[:must])
+        for i in range(len(self.buffer)):
+            if len(chosen) >= n:
+                break
+            chosen.add(i)
+        items = list(self.buffer)
+        out = [items[i] for i in sorted(chosen)]
+        self.buffer = deque(items[i] for i in range(len(items)) if i not in chosen)
         return out
 
     def _check_infra(self) -> None:

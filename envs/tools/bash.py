@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from envs.protocols import ToolResult
-from envs.tools._common import ArgError, cap_text, function_schema, require
+from envs.tools._common import ArgError, command_output, function_schema, require
 from sandboxes.protocols import Sandbox
 
 
@@ -36,9 +36,5 @@ class BashTool:
         if not command.strip():
             return ToolResult("bash: the command is empty.", error=True)
         res = await self.sandbox.exec(command, timeout=self.timeout, workdir=self.workdir)
-        out = cap_text(res.output, self.max_output)
-        if res.timed_out:
-            out += f"\n[command timed out after {self.timeout:g} s and was killed]"
-        elif res.exit_code != 0:
-            out += f"\n[exit code {res.exit_code}]"
-        return ToolResult(out if out.strip() else "[no output]", exit_code=res.exit_code)
+        out = command_output(res, self.max_output, self.timeout)
+        return ToolResult(out, exit_code=res.exit_code)

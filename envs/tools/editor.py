@@ -5,6 +5,9 @@ Files are read and written with ``sandbox.read_file``/``write_file``; existence 
 went wrong and what to do, so the model can act on it: a ``str_replace`` whose ``old_str`` is absent or appears
 more than once replaces nothing and says so (with the line numbers of the matches). ``undo_edit`` restores the
 content before the last create/str_replace/insert of that path in this episode (the tool keeps the history).
+What the sandbox refuses for the agent's own reasons (a file it may not write, the disk limit, a file too big to
+read, a helper command killed for memory or at its timeout) is told to the model as the tool's error, with how
+the command ended; only a ``SandboxError`` (the sandbox itself failed) propagates.
 """
 
 from __future__ import annotations
@@ -13,11 +16,12 @@ import posixpath
 from typing import Any
 
 from envs.protocols import ToolResult
-from envs.tools._common import ArgError, cap_text, function_schema, quote, require
+from envs.tools._common import ArgError, cap_text, function_schema, how_it_ended, quote, require
 from sandboxes.protocols import Sandbox
 
 COMMANDS = ("view", "create", "str_replace", "insert", "undo_edit")
 _SNIPPET = 4
+_HELPER_TIMEOUT_S = 30.0
 
 
 def _numbered(lines: list[str], start: int) -> str:
@@ -68,6 +72,8 @@ class EditorTool:
             out = await getattr(self, f"_{command}")(path, arguments)
         except ArgError as e:
             return ToolResult(str(e), error=True)
+        except OSError as e:  # read_file / write_file refused it (permission, disk limit, size); not the sandbox
+            return ToolResult(f"{self.name}: {e.strerror or e}", error=True)
         return ToolResult(cap_text(out, self.max_output))
 
     def _resolve(self, path: str) -> str:
@@ -79,14 +85,22 @@ class EditorTool:
             path = posixpath.join(self.workdir, path)
         return posixpath.normpath(path)
 
+    async def _run(self, cmd: str) -> str:
+        """Run a helper command; one that does not exit 0 is the model's to know about (``ArgError``)."""
+        res = await self.sandbox.exec(cmd, timeout=_HELPER_TIMEOUT_S, workdir=self.workdir)
+        if res.exit_code != 0 or res.timed_out:
+            raise ArgError(
+                f"{self.name}: `{cmd}` failed: {res.output.strip()[-500:]}\n{how_it_ended(res, _HELPER_TIMEOUT_S)}"
+            )
+        return res.output
+
     async def _kind(self, path: str) -> str:
         q = quote(path)
-        res = await self.sandbox.exec(
+        out = await self._run(
             f"if [ -d {q} ]; then echo dir; elif [ -f {q} ]; then echo file; "
-            f"elif [ -e {q} ]; then echo other; else echo missing; fi",
-            timeout=30,
+            f"elif [ -e {q} ]; then echo other; else echo missing; fi"
         )
-        return res.output.strip().splitlines()[-1] if res.output.strip() else "missing"
+        return out.strip().splitlines()[-1] if out.strip() else "missing"
 
     async def _existing_file(self, path: str) -> str:
         kind = await self._kind(path)
@@ -112,10 +126,8 @@ class EditorTool:
         if kind == "dir":
             if arguments.get("view_range") is not None:
                 raise ArgError("view_range only applies to files, not directories.")
-            res = await self.sandbox.exec(
-                f"find {quote(path)} -maxdepth 2 -not -path '*/.*' | sort | head -n 400", timeout=30
-            )
-            return f"Files and directories up to 2 levels deep in {path}:\n{res.output.rstrip()}"
+            out = await self._run(f"find {quote(path)} -maxdepth 2 -not -path '*/.*' | sort | head -n 400")
+            return f"Files and directories up to 2 levels deep in {path}:\n{out.rstrip()}"
         if kind != "file":
             raise ArgError(f"The path {path} is neither a file nor a directory.")
         lines = _lines(await self.sandbox.read_file(path))
@@ -137,7 +149,7 @@ class EditorTool:
             raise ArgError(f"The path {path} already exists; create does not overwrite. Use str_replace to edit it.")
         parent = posixpath.dirname(path)
         if parent:
-            await self.sandbox.exec(f"mkdir -p {quote(parent)}", timeout=30)
+            await self._run(f"mkdir -p {quote(parent)}")
         await self._write(path, None, text)
         return f"File created at {path} ({len(_lines(text))} lines)."
 
@@ -188,7 +200,7 @@ class EditorTool:
             raise ArgError(f"No edit of {path} to undo in this episode.")
         previous = history.pop()
         if previous is None:
-            await self.sandbox.exec(f"rm -f {quote(path)}", timeout=30)
+            await self._run(f"rm -f {quote(path)}")
             return f"Undid the creation of {path} (file removed)."
         await self.sandbox.write_file(path, previous)
         return f"Undid the last edit of {path}. It has {len(_lines(previous))} lines again."

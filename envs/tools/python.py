@@ -17,7 +17,7 @@ import secrets
 from typing import Any
 
 from envs.protocols import ToolResult
-from envs.tools._common import ArgError, cap_text, function_schema, quote, require
+from envs.tools._common import ArgError, command_output, function_schema, quote, require
 from sandboxes.protocols import Sandbox
 
 MAX_CELL_CHARS = 64_000  # the cell travels base64-encoded in one argv string (Linux caps one at 128 KiB)
@@ -111,7 +111,6 @@ class PythonTool:
         steps.append(f"printf '%s' {_b64(code)} | base64 -d > {d}/cell_{n}.py")
         steps.append(f"{self.python} {d}/run.py {n}")
         res = await self.sandbox.exec(" && ".join(steps), timeout=self.timeout, workdir=self.workdir)
-        out = cap_text(res.output, self.max_output)
-        if res.timed_out:
-            out += f"\n[execution timed out after {self.timeout:g} s and was killed]"
-        return ToolResult(out if out.strip() else "[no output]", exit_code=res.exit_code)
+        # Exit 1 is a cell that raised: its traceback already says so.
+        out = command_output(res, self.max_output, self.timeout, explained_exit=1)
+        return ToolResult(out, exit_code=res.exit_code)

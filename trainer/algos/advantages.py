@@ -1,4 +1,5 @@
-"""Advantage estimators: skip-observation GAE, token GAE, GRPO group normalisation, a running-mean baseline.
+"""Advantage estimators: skip-observation GAE, token GAE, GRPO group normalisation, a running-mean baseline;
+VAPO's length-adaptive lambda.
 
 Shapes: ``B`` rows, ``T`` tokens. Masks may be bool or 0/1. Every estimator returns ``(advantages, returns)``
 as ``[B, T]`` float tensors that are exactly 0 off the tokens it covers.
@@ -6,12 +7,13 @@ as ``[B, T]`` float tensors that are exactly 0 off the tokens it covers.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
 import torch
 
-from trainer.algos.registry import AdvantageInputs, register_advantage
+from trainer.algos.registry import AdvantageFn, AdvantageInputs, register_advantage
 from trainer.algos.scan import dense_supported, masked_gae_dense
 
 # Chunk width of the blocked reverse scan: the per-chunk work is a [L/C, C] x [C, C] matmul and the carry
@@ -78,14 +80,41 @@ def _compact_index(mask: torch.Tensor) -> tuple[torch.Tensor, int, int]:
     return fi.view(-1), b, width
 
 
+def _bootstrap_truncated(
+    rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, truncated: torch.Tensor | None, gamma: float
+) -> torch.Tensor:
+    """Rewards with ``gamma * V(last masked token)`` added on the last masked token of every truncated row.
+
+    A truncated episode (a limit, not the task, ended it: Gymnasium's ``truncated``) has a future the data does
+    not show, so V after its last token is not 0: bootstrapping from V at the cut makes that token's
+    ``delta = r + gamma * V(cut) - V(cut)``, which is exactly this reward shift with V = 0 after the last token.
+    """
+    if truncated is None:
+        return rewards
+    b, t = rewards.shape
+    if tuple(truncated.shape) != (b,):
+        raise ValueError(f"truncated must be [B] = [{b}] (one flag per row), got {tuple(truncated.shape)}")
+    m = mask.bool()
+    rows = truncated.bool().to(m.device) & m.any(dim=1)
+    if not bool(rows.any()):
+        return rewards
+    last = t - 1 - torch.flip(m, dims=[1]).to(torch.int8).argmax(dim=1)  # the last masked column of each row
+    r = rewards.clone().to(torch.promote_types(rewards.dtype, values.dtype))
+    idx = torch.arange(b, device=r.device)[rows]
+    r[idx, last[rows]] += gamma * values[idx, last[rows]].to(r.dtype)
+    return r
+
+
 def _masked_gae(
     rewards: torch.Tensor,
     values: torch.Tensor,
     mask: torch.Tensor,
     gamma: float,
     lam: float,
+    truncated: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """GAE over the masked tokens only, each row's masked tokens treated as consecutive steps.
+    """GAE over the masked tokens only, each row's masked tokens treated as consecutive steps; ``truncated``
+    rows bootstrap from V at their last masked token (see ``_bootstrap_truncated``), the others take V = 0 after it.
 
     The masked tokens of every sequence are scattered into a compact zero-padded ``[G, W]`` table, the
     recursion runs there, and the result is gathered back: memory is O(B*T), and tokens off the mask can
@@ -95,6 +124,7 @@ def _masked_gae(
     _check_gamma_lam(gamma, lam)
     out_dtype = torch.promote_types(values.dtype, torch.float32)
     rewards, values = rewards.detach(), values.detach()  # advantages and returns are targets: no gradient
+    rewards = _bootstrap_truncated(rewards, values, mask, truncated, gamma)
     if dense_supported(gamma, lam):
         # no compaction needed: the chunked dense scan is several times faster (see trainer/algos/scan.py)
         return masked_gae_dense(rewards, values, mask, gamma, lam)
@@ -127,17 +157,19 @@ def skip_observation_gae(
     action_mask: torch.Tensor,
     gamma: float,
     lam: float,
+    truncated: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """GAE over action tokens only: observation, prompt and padding tokens are skipped, never bootstrapped through.
 
     For consecutive action tokens ``t`` and ``t'`` (``t'`` the next ACTION token of the row, however many
     observation tokens lie between): ``delta_t = r_t + gamma * V(t') - V(t)`` and
-    ``A_t = delta_t + gamma * lam * A_t'``; after the last action token ``V = 0`` and ``A = 0``.
+    ``A_t = delta_t + gamma * lam * A_t'``; after the last action token ``V = 0`` and ``A = 0``, except in the
+    rows ``truncated`` (``[B]`` bool) flags, where V after the last action token is V at it (the cut).
     ``returns = advantages + values`` on action tokens. Both outputs are ``[B, T]``, 0 off the action tokens, in
     ``values``' dtype promoted to at least float32. Raises ValueError on mismatched shapes or gamma/lam outside
     [0, 1].
     """
-    return _masked_gae(rewards, values, action_mask, gamma, lam)
+    return _masked_gae(rewards, values, action_mask, gamma, lam, truncated)
 
 
 def gae(
@@ -146,13 +178,65 @@ def gae(
     response_mask: torch.Tensor,
     gamma: float,
     lam: float,
+    truncated: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Standard token GAE over every response token (actions and observations alike), for the ablation.
 
     Same recursion as ``skip_observation_gae`` but it steps through observation tokens and bootstraps from
-    their values; only the prompt and padding (``response_mask == 0``) are outside it.
+    their values; only the prompt and padding (``response_mask == 0``) are outside it. ``truncated`` rows
+    bootstrap from V at their last response token.
     """
-    return _masked_gae(rewards, values, response_mask, gamma, lam)
+    return _masked_gae(rewards, values, response_mask, gamma, lam, truncated)
+
+
+def length_adaptive_lambda(action_tokens: int, alpha: float) -> float:
+    """VAPO's length-adaptive lambda for the policy: ``1 - 1 / (alpha * n)`` for ``n`` action tokens, in [0, 1]:
+    long sequences get a lambda near 1 (less bias where the critic's error compounds over many steps)."""
+    if not alpha > 0:
+        raise ValueError(f"length-adaptive lambda needs alpha > 0, got {alpha!r}")
+    return min(max(1.0 - 1.0 / (alpha * max(action_tokens, 1)), 0.0), 1.0)
+
+
+def row_lambdas(action_mask: torch.Tensor, alpha: float) -> list[float]:
+    """``length_adaptive_lambda`` of each row of a ``[B, T]`` action mask."""
+    return [length_adaptive_lambda(int(n), alpha) for n in action_mask.bool().sum(dim=1).tolist()]
+
+
+def advantages_per_row_lambda(
+    fn: AdvantageFn, inputs: AdvantageInputs, lambdas: list[float]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``fn``'s advantages and returns with row ``i`` computed at ``lambdas[i]`` (rows sharing a lambda share one
+    call)."""
+    if len(lambdas) != inputs.rewards.shape[0]:
+        raise ValueError(f"need one lambda per row: {len(lambdas)} lambdas for {inputs.rewards.shape[0]} rows")
+    adv: torch.Tensor | None = None
+    ret: torch.Tensor | None = None
+    for lam in sorted(set(lambdas)):
+        rows = torch.tensor([i for i, x in enumerate(lambdas) if x == lam], dtype=torch.long)
+        a, r = fn(_select_rows(inputs, rows, lam))
+        if adv is None or ret is None:
+            adv = torch.zeros((inputs.rewards.shape[0], *a.shape[1:]), dtype=a.dtype, device=a.device)
+            ret = torch.zeros_like(adv)
+        adv[rows.to(a.device)] = a
+        ret[rows.to(a.device)] = r.to(ret.dtype)
+    assert adv is not None and ret is not None  # lambdas is non-empty: B >= 1
+    return adv, ret
+
+
+def _select_rows(inputs: AdvantageInputs, rows: torch.Tensor, lam: float) -> AdvantageInputs:
+    def pick(x: torch.Tensor | None) -> torch.Tensor | None:
+        return None if x is None else x.index_select(0, rows.to(x.device))
+
+    return dataclasses.replace(
+        inputs,
+        rewards=inputs.rewards.index_select(0, rows.to(inputs.rewards.device)),
+        action_mask=inputs.action_mask.index_select(0, rows.to(inputs.action_mask.device)),
+        values=pick(inputs.values),
+        response_mask=pick(inputs.response_mask),
+        group_ids=pick(inputs.group_ids),
+        truncated=pick(inputs.truncated),
+        lam=lam,
+    )
 
 
 def grpo_advantages(
@@ -274,14 +358,16 @@ def whiten(
 @register_advantage("skip_obs_gae", needs_values=True)
 def _skip_obs_gae_entry(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
     values = _need(inputs.values, "critic values", "skip_obs_gae")
-    return skip_observation_gae(inputs.rewards, values, inputs.action_mask, inputs.gamma, inputs.lam)
+    return skip_observation_gae(
+        inputs.rewards, values, inputs.action_mask, inputs.gamma, inputs.lam, inputs.truncated
+    )
 
 
 @register_advantage("gae", needs_values=True, token_level=True)
 def _gae_entry(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
     values = _need(inputs.values, "critic values", "gae")
     mask = inputs.response_mask if inputs.response_mask is not None else inputs.action_mask
-    adv, ret = gae(inputs.rewards, values, mask, inputs.gamma, inputs.lam)
+    adv, ret = gae(inputs.rewards, values, mask, inputs.gamma, inputs.lam, inputs.truncated)
     # Observation tokens get advantages too, but the policy loss only ever reads action tokens.
     return adv, ret
 
@@ -293,7 +379,7 @@ def _grpo_entry(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
     return _broadcast(grpo_advantages(outcome, group_ids), outcome, inputs.action_mask)
 
 
-@register_advantage("running_mean")
+@register_advantage("running_mean", needs_baseline=True)
 def _running_mean_entry(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
     if inputs.baseline is None:
         raise ValueError("advantage estimator 'running_mean' needs baseline=RunningMeanBaseline() in AdvantageInputs")

@@ -19,6 +19,8 @@ BUILTIN = (
         critic=True,
         old_policy_recompute=True,
         summary="VAPO-style: critic, clip against an old-policy recompute, capped behaviour weight",
+        # one epoch would clip against a recompute of the same weights (ratio exactly 1: the clip never acts)
+        defaults=(("ppo_epochs", 2), ("behavior_weight_cap", 2.0)),
     ),
     AlgorithmSpec(
         "grpo",

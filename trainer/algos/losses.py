@@ -74,6 +74,18 @@ def entropy_from_logits(logits: torch.Tensor, mask: torch.Tensor, chunk_tokens: 
     return (total / max(idx.numel(), 1)).float()
 
 
+def _entropy_bonus(
+    entropy: torch.Tensor | None, coef: float, live: torch.Tensor, mask: torch.Tensor, normalizer: float | None
+) -> torch.Tensor | float:
+    """``coef * sum(entropy over the trained tokens) / N``, N the loss's own denominator: a token the loss masks
+    out (outside the DIS band, over the behaviour-weight cap) gets no gradient from the bonus either."""
+    if entropy is None or not coef:
+        return 0.0
+    if tuple(entropy.shape) != tuple(mask.shape):
+        raise ValueError(f"entropy must be [B, T] like the action mask {tuple(mask.shape)}, got {tuple(entropy.shape)}")
+    return coef * torch.where(live, entropy, torch.zeros_like(entropy)).sum() / _denominator(mask, normalizer)
+
+
 def _ratio_metrics(ratio: torch.Tensor, mask: torch.Tensor, prefix: str = "") -> Metrics:
     neg_inf = torch.full_like(ratio, -math.inf)
     has = bool(mask.any())
@@ -92,12 +104,15 @@ def dis_policy_loss(
     eps_high: float,
     logits: torch.Tensor | None = None,
     normalizer: float | None = None,
+    entropy: torch.Tensor | None = None,
+    entropy_coef: float = 0.0,
 ) -> tuple[torch.Tensor, Metrics]:
     """DIS, the SAO policy loss: ``L = -mean_t[ sg(f(r_t)) * A_t * logp_t ]`` over action tokens.
 
     ``r = exp(logp - rollout_logp)`` against the engine's sampling logprob; ``f(r) = r`` when
     ``1 - eps_low < r < 1 + eps_high`` (strict), else 0, so a token outside the band contributes nothing.
-    The gradient w.r.t. ``logp_t`` is exactly ``-f(r_t) * A_t / N``. Metrics: ``mask_frac_low``/``high``
+    The gradient w.r.t. ``logp_t`` is exactly ``-f(r_t) * A_t / N``; an entropy bonus (``entropy``,
+    ``entropy_coef``) is subtracted over the kept tokens only, so a masked token gets no gradient at all. Metrics: ``mask_frac_low``/``high``
     (share of action tokens cut below/above), ``ratio_mean``, ``ratio_max``, ``logp_diff_abs_mean``,
     ``kept_frac``, ``num_tokens``, and ``entropy`` when ``logits`` are given.
     Raises ValueError on shape mismatch, NaN/inf on action tokens, ``eps_low`` outside (0, 1] or ``eps_high <= 0``.
@@ -109,13 +124,16 @@ def dis_policy_loss(
     calc = torch.promote_types(logp.dtype, torch.float32)
     diff = torch.where(mask, logp.detach().to(calc) - rollout_logp.to(calc), torch.zeros((), dtype=calc))
     ratio = torch.exp(diff)
-    low = mask & (ratio <= 1.0 - eps_low)
-    high = mask & (ratio >= 1.0 + eps_high)
+    # the bounds compared in log space: a logprob difference exactly log(1 - eps_low) or log(1 + eps_high) is a
+    # ratio exactly on the bound, and it is masked (exp cannot land exactly on every bound, e.g. 0.2, in float)
+    low = mask & (diff <= (math.log(1.0 - eps_low) if eps_low < 1.0 else -math.inf))
+    high = mask & (diff >= math.log1p(eps_high))
     keep = mask & ~low & ~high
     weight = torch.where(keep, ratio, torch.zeros_like(ratio))
     coef = weight * torch.where(mask, advantages.to(calc), torch.zeros((), dtype=calc))
     safe_logp = torch.where(mask, logp, torch.zeros_like(logp))
     loss = -(coef * safe_logp).sum() / _denominator(mask, normalizer)
+    loss = loss - _entropy_bonus(entropy, entropy_coef, keep, mask, normalizer)
     n = mask.sum().clamp(min=1).float()
     metrics: Metrics = {
         "mask_frac_low": low.sum() / n,
@@ -148,6 +166,8 @@ def ppo_clip_loss(
     eps_high: float,
     logits: torch.Tensor | None = None,
     normalizer: float | None = None,
+    entropy: torch.Tensor | None = None,
+    entropy_coef: float = 0.0,
 ) -> tuple[torch.Tensor, Metrics]:
     """PPO clipped surrogate against an old-policy recompute, ``r = exp(logp - old_logp)``, token-mean.
 
@@ -156,7 +176,8 @@ def ppo_clip_loss(
     """
     # Decoupled PPO whose behaviour policy is the proximal one: every behaviour weight is exactly 1.
     loss, metrics = decoupled_ppo_loss(
-        logp, old_logp, old_logp, advantages, action_mask, eps_low, eps_high, None, logits, normalizer
+        logp, old_logp, old_logp, advantages, action_mask, eps_low, eps_high, None, logits, normalizer, entropy,
+        entropy_coef,
     )
     for key in ("behavior_weight_mean", "behavior_drop_frac"):
         metrics.pop(key)
@@ -174,13 +195,15 @@ def decoupled_ppo_loss(
     behavior_weight_cap: float | None = None,
     logits: torch.Tensor | None = None,
     normalizer: float | None = None,
+    entropy: torch.Tensor | None = None,
+    entropy_coef: float = 0.0,
 ) -> tuple[torch.Tensor, Metrics]:
     """Decoupled PPO: the trust region is around a proximal policy, the off-policy correction is separate.
 
     ``L = -mean_t[ w_t * min(r_t A_t, clip(r_t, 1 - eps_low, 1 + eps_high) A_t) ]`` with the clip ratio
     ``r = exp(logp - old_logp)`` against the proximal (old-policy recompute) and the behaviour weight
     ``w = sg(exp(old_logp - rollout_logp))`` correcting for the stale sampler. Tokens with
-    ``w > behavior_weight_cap`` are dropped. Metrics add ``behavior_weight_mean`` and ``behavior_drop_frac``.
+    ``w > behavior_weight_cap`` are dropped (the entropy bonus, if any, skips them too). Metrics add ``behavior_weight_mean`` and ``behavior_drop_frac``.
     """
     _check_shapes(
         logp=logp, old_logp=old_logp, rollout_logp=rollout_logp, advantages=advantages, action_mask=action_mask
@@ -198,6 +221,7 @@ def decoupled_ppo_loss(
     adv = torch.where(live, advantages.to(logp.dtype), zero)
     surr, clipped = _clipped_surrogate(ratio, adv, eps_low, eps_high)
     loss = -torch.where(live, behav * surr, zero).sum() / _denominator(mask, normalizer)
+    loss = loss - _entropy_bonus(entropy, entropy_coef, live, mask, normalizer)
     n = mask.sum().clamp(min=1).float()
     metrics: Metrics = {
         "clip_frac": (clipped & live).sum() / n,
@@ -265,11 +289,12 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.
     return (1.0 - (r - v).var(unbiased=False) / var_r).float()
 
 
-@register_policy_loss("dis")
+@register_policy_loss("dis", dis_band=True, entropy_bonus=True)
 def _dis_entry(x: PolicyLossInputs) -> tuple[torch.Tensor, Metrics]:
     return dis_policy_loss(
-        x.logp, x.rollout_logp, x.advantages, x.action_mask, x.eps_low, x.eps_high, x.logits, x.normalizer
-    )
+        x.logp, x.rollout_logp, x.advantages, x.action_mask, x.eps_low, x.eps_high, x.logits, x.normalizer,
+        x.entropy, x.entropy_coef,
+    )  # fmt: skip
 
 
 def _old(x: PolicyLossInputs, name: str) -> torch.Tensor:
@@ -281,14 +306,15 @@ def _old(x: PolicyLossInputs, name: str) -> torch.Tensor:
     return x.old_logp
 
 
-@register_policy_loss("ppo_clip")
+@register_policy_loss("ppo_clip", needs_old_logp=True, entropy_bonus=True)
 def _ppo_entry(x: PolicyLossInputs) -> tuple[torch.Tensor, Metrics]:
     return ppo_clip_loss(
-        x.logp, _old(x, "ppo_clip"), x.advantages, x.action_mask, x.eps_low, x.eps_high, x.logits, x.normalizer
-    )
+        x.logp, _old(x, "ppo_clip"), x.advantages, x.action_mask, x.eps_low, x.eps_high, x.logits, x.normalizer,
+        x.entropy, x.entropy_coef,
+    )  # fmt: skip
 
 
-@register_policy_loss("decoupled_ppo")
+@register_policy_loss("decoupled_ppo", needs_old_logp=True, entropy_bonus=True)
 def _decoupled_entry(x: PolicyLossInputs) -> tuple[torch.Tensor, Metrics]:
     return decoupled_ppo_loss(
         x.logp,
@@ -301,4 +327,6 @@ def _decoupled_entry(x: PolicyLossInputs) -> tuple[torch.Tensor, Metrics]:
         x.behavior_weight_cap,
         x.logits,
         x.normalizer,
+        x.entropy,
+        x.entropy_coef,
     )

@@ -11,12 +11,14 @@ import torch
 
 
 def skip_observation_gae_row(
-    rewards: list[float], values: list[float], mask: list[bool], gamma: float, lam: float
+    rewards: list[float], values: list[float], mask: list[bool], gamma: float, lam: float, truncated: bool = False
 ) -> tuple[list[float], list[float]]:
-    """One sequence, walked backwards; tokens with ``mask`` False are skipped entirely."""
+    """One sequence, walked backwards; tokens with ``mask`` False are skipped entirely. ``truncated``: a limit
+    ended the episode, so V after the last action token is V at that token (the cut), not 0."""
     adv = [0.0] * len(rewards)
     ret = [0.0] * len(rewards)
-    next_value = 0.0  # V after the last action token
+    last = max((t for t in range(len(rewards)) if mask[t]), default=None)
+    next_value = values[last] if truncated and last is not None else 0.0  # V after the last action token
     lastgaelam = 0.0
     for t in reversed(range(len(rewards))):
         if not mask[t]:
@@ -30,12 +32,18 @@ def skip_observation_gae_row(
 
 
 def skip_observation_gae_loop(
-    rewards: torch.Tensor, values: torch.Tensor, action_mask: torch.Tensor, gamma: float, lam: float
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    action_mask: torch.Tensor,
+    gamma: float,
+    lam: float,
+    truncated: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``[B, T]`` in, ``[B, T]`` float64 out: a Python loop over rows and tokens."""
+    """``[B, T]`` in, ``[B, T]`` float64 out: a Python loop over rows and tokens (``truncated``: ``[B]`` bool)."""
     adv_rows, ret_rows = [], []
-    for r, v, m in zip(rewards.tolist(), values.tolist(), action_mask.bool().tolist(), strict=True):
-        a, ret = skip_observation_gae_row(r, v, m, gamma, lam)
+    cut = [False] * rewards.shape[0] if truncated is None else truncated.bool().tolist()
+    for r, v, m, c in zip(rewards.tolist(), values.tolist(), action_mask.bool().tolist(), cut, strict=True):
+        a, ret = skip_observation_gae_row(r, v, m, gamma, lam, c)
         adv_rows.append(a)
         ret_rows.append(ret)
     shape = tuple(rewards.shape)

@@ -71,7 +71,9 @@ class AdvantageInputs:
     ``action_mask``: 1 on action tokens; ``values``: critic values (estimators with a critic need them);
     ``response_mask``: 1 on every non-prompt token (``gae`` runs over it; defaults to ``action_mask``);
     ``group_ids``: ``[B]`` prompt group of each row (``grpo``); ``baseline``: the trainer's running-mean state
-    (``running_mean``, which reads and then updates it).
+    (``running_mean``, which reads and then updates it); ``truncated``: ``[B]`` bool, rows whose episode a limit
+    ended (``Trajectory.status == "truncated"``): estimators with a critic bootstrap from V at the cut there
+    instead of taking V = 0 after the last token.
     """
 
     rewards: torch.Tensor
@@ -80,6 +82,7 @@ class AdvantageInputs:
     response_mask: torch.Tensor | None = None
     group_ids: torch.Tensor | None = None
     baseline: RunningMeanBaseline | None = None
+    truncated: torch.Tensor | None = None
     gamma: float = 1.0
     lam: float = 1.0
 
@@ -93,7 +96,9 @@ class PolicyLossInputs:
     ``logits``: optional, only for the entropy metric; ``eps_low``/``eps_high``: the lower/upper trust-region
     widths; ``behavior_weight_cap``: ``decoupled_ppo`` drops tokens whose ``pi_old / pi_rollout`` exceeds it;
     ``normalizer``: divide the token sum by this (e.g. the global action-token count over gradient-accumulation
-    micro-batches) instead of this batch's action-token count.
+    micro-batches) instead of this batch's action-token count; ``entropy``: per-token entropy (carrying its
+    gradient) for an entropy bonus of weight ``entropy_coef``, applied only on the tokens the loss trains (a
+    token DIS masks out gets no gradient at all).
     """
 
     logp: torch.Tensor
@@ -106,6 +111,8 @@ class PolicyLossInputs:
     eps_high: float = 0.28
     behavior_weight_cap: float | None = None
     normalizer: float | None = None
+    entropy: torch.Tensor | None = None
+    entropy_coef: float = 0.0
 
 
 AdvantageFn = Callable[[AdvantageInputs], "tuple[torch.Tensor, torch.Tensor]"]
@@ -114,40 +121,69 @@ PolicyLossFn = Callable[[PolicyLossInputs], "tuple[torch.Tensor, dict[str, torch
 
 @dataclass(frozen=True)
 class AdvantageTraits:
-    """What an advantage estimator needs from the run (critic values, rollouts in prompt groups) and whether it
-    covers observation tokens too (``token_level``: the critic then learns values on every response token)."""
+    """The inputs an advantage estimator reads, which the learner fills in and config validation checks:
+    ``needs_values`` critic values (only algorithms with a critic; and an algorithm with a critic must use such an
+    estimator, else the critic trains for nothing), ``needs_groups`` rollouts in prompt groups, ``needs_baseline``
+    the trainer's running-mean state; ``token_level``: it covers observation tokens too (the critic then learns
+    values on every response token)."""
 
     needs_values: bool = False
     needs_groups: bool = False
     token_level: bool = False
+    needs_baseline: bool = False
+
+
+@dataclass(frozen=True)
+class PolicyLossTraits:
+    """What a policy loss needs: ``needs_old_logp`` a no-grad recompute with the pre-update weights (the algorithm
+    must declare ``old_policy_recompute``); ``dis_band`` its ratio bounds are the DIS band (``trainer.dis_band``)
+    rather than the PPO trust region (``trainer.eps_low`` / ``eps_high``); ``entropy_bonus`` it applies
+    ``PolicyLossInputs.entropy`` itself, on the tokens it trains (for a loss that does not, the learner adds the
+    bonus over every action token)."""
+
+    needs_old_logp: bool = False
+    dis_band: bool = False
+    entropy_bonus: bool = False
 
 
 ADVANTAGES: Registry[AdvantageFn] = Registry("advantage estimator")
 ADVANTAGE_TRAITS: dict[str, AdvantageTraits] = {}
 POLICY_LOSSES: Registry[PolicyLossFn] = Registry("policy loss")
+POLICY_LOSS_TRAITS: dict[str, PolicyLossTraits] = {}
 
 
 def register_advantage(
-    name: str, *, needs_values: bool = False, needs_groups: bool = False, token_level: bool = False
+    name: str,
+    *,
+    needs_values: bool = False,
+    needs_groups: bool = False,
+    token_level: bool = False,
+    needs_baseline: bool = False,
 ) -> Callable[[AdvantageFn], AdvantageFn]:
-    """Decorator: register ``fn(AdvantageInputs) -> (advantages, returns)`` under ``name``.
-
-    ``needs_values``: it reads ``AdvantageInputs.values`` (only algorithms with a critic may use it);
-    ``needs_groups``: it reads ``group_ids`` (only grouped algorithms may use it). Config validation checks both.
-    ``token_level``: its returns cover every response token (observations included), not only actions.
+    """Decorator: register ``fn(AdvantageInputs) -> (advantages, returns)`` under ``name``, with its traits
+    (``AdvantageTraits``: which ``AdvantageInputs`` it reads). Config validation checks them against the algorithm.
     """
 
     def decorator(fn: AdvantageFn) -> AdvantageFn:
         ADVANTAGES.add(name, fn)
-        ADVANTAGE_TRAITS[name] = AdvantageTraits(needs_values, needs_groups, token_level)
+        ADVANTAGE_TRAITS[name] = AdvantageTraits(needs_values, needs_groups, token_level, needs_baseline)
         return fn
 
     return decorator
 
 
-def register_policy_loss(name: str) -> Callable[[PolicyLossFn], PolicyLossFn]:
-    """Decorator: register ``fn(PolicyLossInputs) -> (loss, metrics)`` under ``name``."""
-    return POLICY_LOSSES.register(name)
+def register_policy_loss(
+    name: str, *, needs_old_logp: bool = False, dis_band: bool = False, entropy_bonus: bool = False
+) -> Callable[[PolicyLossFn], PolicyLossFn]:
+    """Decorator: register ``fn(PolicyLossInputs) -> (loss, metrics)`` under ``name``, with its traits
+    (``PolicyLossTraits``)."""
+
+    def decorator(fn: PolicyLossFn) -> PolicyLossFn:
+        POLICY_LOSSES.add(name, fn)
+        POLICY_LOSS_TRAITS[name] = PolicyLossTraits(needs_old_logp, dis_band, entropy_bonus)
+        return fn
+
+    return decorator
 
 
 def _load_builtins() -> None:
@@ -177,6 +213,11 @@ def advantage_traits(name: str) -> AdvantageTraits:
     return ADVANTAGE_TRAITS.get(name, AdvantageTraits())
 
 
+def policy_loss_traits(name: str) -> PolicyLossTraits:
+    get_policy_loss(name)
+    return POLICY_LOSS_TRAITS.get(name, PolicyLossTraits())
+
+
 def policy_loss_names() -> list[str]:
     _load_builtins()
     return POLICY_LOSSES.names()
@@ -192,7 +233,9 @@ class AlgorithmSpec:
     that clip against the proximal policy; ``grouped``: every prompt is rolled out ``trainer.group_size`` times and
     a batch holds whole groups; ``synchronous``: a batch's episodes start only after the previous batch was
     trained and synced (on-policy); ``max_staleness``: None keeps ``trainer.max_staleness``, a number overrides it
-    (0 = on-policy); ``checks``: extra config checks, each ``fn(cfg) -> error message or None``.
+    (0 = on-policy); ``defaults``: ``(trainer field, value)`` pairs that fill trainer fields left null (e.g.
+    ppo's epochs, without which its clip is inert); ``checks``: extra config checks, each
+    ``fn(cfg) -> error message or None``.
     """
 
     name: str
@@ -204,6 +247,7 @@ class AlgorithmSpec:
     synchronous: bool = False
     max_staleness: int | None = None
     summary: str = ""
+    defaults: tuple[tuple[str, Any], ...] = ()
     checks: tuple[Callable[[Any], str | None], ...] = ()
 
 

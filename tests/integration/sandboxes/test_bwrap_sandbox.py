@@ -93,3 +93,28 @@ async def test_files(sb: BwrapSandbox, tmp_path: Path) -> None:
     assert (await sb.exec("python3 d/f.py", timeout=10)).output == "7\n"
     await sb.copy_out("/work/d", str(tmp_path / "back"))
     assert (tmp_path / "back" / "f.py").read_text() == "print(7)\n"
+
+
+async def test_commands_run_unprivileged_and_cannot_stop_the_sandbox(sb: BwrapSandbox) -> None:
+    r = await sb.exec("id -u; id -g; grep CapEff /proc/self/status; kill -9 1; kill -9 -1; echo survived", timeout=10)
+    assert r.output.startswith("1000\n1000\nCapEff:\t0000000000000000\n") and "survived" in r.output
+    assert (await sb.exec("touch mine && stat -c %u mine", timeout=10)).output == "1000\n"
+    assert (await sb.exec("echo alive", timeout=10)).output == "alive\n"
+
+
+async def test_disk_limit_on_files_on_tmp_and_on_work() -> None:
+    if shutil.which("bwrap") is None:
+        missing("bubblewrap", "run `apt-get install bubblewrap`")
+    limit = 32 << 20
+    async with BwrapSandbox(SandboxConfig(backend="bwrap", disk_limit=limit, disk_check_s=0.3)) as box:
+        r = await box.exec("head -c 1G /dev/zero > one; stat -c %s one; rm one", timeout=30)
+        assert "File size limit exceeded" in r.output and str(limit) in r.output
+        r = await box.exec("for i in $(seq 10); do head -c 8M /dev/zero > /tmp/f$i || break; done; df -B1 /tmp", 30)
+        assert "No space left on device" in r.output and f" {limit} " in r.output  # /tmp: a tmpfs of the limit
+        r = await box.exec("for i in $(seq 100); do head -c 4M /dev/zero > f$i; sleep 0.05; done; echo finished", 60)
+        assert r.disk_full and "finished" not in r.output, r
+        assert box.disk_used() < limit + (64 << 20)
+        with pytest.raises(OSError, match="disk limit"):
+            await box.write_file("/work/more.txt", "x" * (8 << 20))
+        r = await box.exec("rm -f f*; echo cleaned", timeout=10)
+        assert r.output == "cleaned\n" and not r.disk_full

@@ -14,7 +14,13 @@ import pytest
 
 from sandboxes.config import SandboxConfig
 from sandboxes.docker import DockerSandbox, reap_orphans
-from sandboxes.protocols import ExecResult, ImageNotFoundError, SandboxError, SandboxUnavailableError
+from sandboxes.protocols import (
+    ExecResult,
+    ImageNotFoundError,
+    SandboxDiedError,
+    SandboxError,
+    SandboxUnavailableError,
+)
 from tests.conftest import free_port
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("no_leftovers"), pytest.mark.timeout(120)]
@@ -110,16 +116,27 @@ async def test_writes_never_reach_the_host(docker_cfg: SandboxConfig, tmp_path: 
     assert target.read_text() == "host"  # ...never to the host's
 
 
-async def test_container_killed_mid_exec_raises_sandbox_error(docker_cfg: SandboxConfig, docker_client: Any) -> None:
+async def test_container_dying_mid_exec_is_the_commands_failure(docker_cfg: SandboxConfig, docker_client: Any) -> None:
+    """The daemon answers and the container stopped during the agent's command: ``SandboxDiedError`` (scored),
+    then and on the next command; a container removed under a command is an infra ``SandboxError``."""
     sb = await DockerSandbox.create(docker_cfg)
     try:
         task = asyncio.create_task(sb.exec("sleep 30", timeout=60))
         await asyncio.sleep(1.0)
         await asyncio.to_thread(docker_client.api.kill, sb.id)
-        with pytest.raises(SandboxError, match=r"stopped while a command ran|gone"):
+        with pytest.raises(SandboxDiedError, match="the sandbox died during the agent's command"):
             await asyncio.wait_for(task, 20)
-        with pytest.raises(SandboxError):
+        with pytest.raises(SandboxDiedError):
             await sb.exec("echo hi", timeout=5)
+    finally:
+        await sb.close()
+    sb = await DockerSandbox.create(docker_cfg)
+    try:
+        task = asyncio.create_task(sb.exec("sleep 30", timeout=60))
+        await asyncio.sleep(1.0)
+        await asyncio.to_thread(docker_client.api.remove_container, sb.id, force=True)
+        with pytest.raises(SandboxError, match=r"removed|gone"):
+            await asyncio.wait_for(task, 20)
     finally:
         await sb.close()
 
@@ -149,14 +166,20 @@ async def test_files_roundtrip(docker_cfg: SandboxConfig, tmp_path: Path) -> Non
     (src / "pkg" / "mod.py").write_text("X = 1\n")
     (src / "run.sh").write_text("echo run\n")
     async with await DockerSandbox.create(SandboxConfig(**{**docker_cfg.__dict__, "read_limit_bytes": 1000})) as sb:
-        await sb.write_file("/deep/new/dir/ünï.txt", "héllo\n")
-        assert await sb.read_file("/deep/new/dir/ünï.txt") == "héllo\n"
-        assert (await sb.exec("cat /deep/new/dir/ünï.txt", timeout=10)).output == "héllo\n"
+        await sb.write_file("/tmp/deep/new/dir/ünï.txt", "héllo\n")
+        assert await sb.read_file("/tmp/deep/new/dir/ünï.txt") == "héllo\n"
+        assert (await sb.exec("cat /tmp/deep/new/dir/ünï.txt", timeout=10)).output == "héllo\n"
+        # Written as the commands' user: it may edit the file, and may not write where that user may not.
+        assert (
+            await sb.exec("echo more >> /tmp/deep/new/dir/ünï.txt && stat -c %u /tmp/deep", timeout=10)
+        ).output == "1000\n"
+        with pytest.raises(PermissionError):
+            await sb.write_file("/etc/evil", "x")
         with pytest.raises(FileNotFoundError):
             await sb.read_file("/no/such/file")
-        await sb.exec("head -c 5000 /dev/zero > /big", timeout=10)
-        with pytest.raises(SandboxError, match="read_limit_bytes"):
-            await sb.read_file("/big")
+        await sb.exec("head -c 5000 /dev/zero > /tmp/big", timeout=10)
+        with pytest.raises(OSError, match="read_limit_bytes"):
+            await sb.read_file("/tmp/big")
         await sb.copy_in(str(src), "/repo")
         assert (await sb.exec("cat /repo/pkg/mod.py && sh /repo/run.sh", timeout=10)).output == "X = 1\nrun\n"
         await sb.exec("echo changed > /repo/pkg/mod.py", timeout=10)
@@ -192,3 +215,52 @@ async def test_non_root_user_when_configured(docker_cfg: SandboxConfig) -> None:
         r = await sb.exec("touch /etc/x", timeout=10)
         assert r.exit_code != 0 and "Permission denied" in r.output
         assert (await sb.exec("sleep 30", timeout=1)).timed_out
+
+
+async def test_commands_cannot_stop_their_sandbox(docker_cfg: SandboxConfig, docker_client: Any) -> None:
+    async with await DockerSandbox.create(docker_cfg) as sb:
+        r = await sb.exec("id -u; grep CapEff /proc/self/status; kill -9 1; kill -9 -1; echo survived", timeout=20)
+        assert r.output.startswith("1000\nCapEff:\t0000000000000000\n") and "survived" in r.output
+        assert "Operation not permitted" in r.output  # PID 1 is root's
+        assert docker_client.api.inspect_container(sb.id)["State"]["Running"]
+        r = await sb.exec("ps -o user= -p 1; pgrep -u root -x sleep >/dev/null && echo root-sleep", timeout=10)
+        assert r.output.split() == ["root", "root-sleep"]
+        assert (await sb.exec("echo alive", timeout=10)).output == "alive\n"
+
+
+def _written(docker_client: Any, cid: str) -> int:
+    return int(docker_client.api.containers(all=True, filters={"id": cid}, size=True)[0]["SizeRw"])
+
+
+async def test_disk_limit_refuses_big_files_and_kills_writers_past_it(
+    docker_cfg: SandboxConfig, docker_client: Any
+) -> None:
+    limit = 64 << 20
+    cfg = SandboxConfig(**{**docker_cfg.__dict__, "disk_limit": limit, "disk_check_s": 0.5})
+    async with await DockerSandbox.create(cfg) as sb:
+        r = await sb.exec("head -c 1G /dev/zero > /tmp/one; stat -c %s /tmp/one", timeout=60)
+        assert "File size limit exceeded" in r.output and r.output.split()[-1] == str(limit)
+        assert not r.disk_full  # refused by the kernel at once: nothing to kill
+        await sb.exec("rm /tmp/one", timeout=10)
+        # Many files under the size limit: the watch on the writable layer kills the writer.
+        r = await sb.exec("for i in $(seq 100); do head -c 8M /dev/zero > /tmp/f$i; done; echo finished", timeout=60)
+        assert r.disk_full and r.exit_code == 137 and "finished" not in r.output, r
+        assert _written(docker_client, sb.id) < limit + (256 << 20)
+        r = await sb.exec("ls /tmp | wc -l; rm -f /tmp/f*; echo cleaned", timeout=20)  # reading and deleting go on
+        assert "cleaned" in r.output and not r.disk_full
+        # A writer left in the background is caught between commands; the next command is told.
+        await sb.exec("(for i in $(seq 100); do head -c 8M /dev/zero > /tmp/g$i; done) >/dev/null 2>&1 &", timeout=10)
+        await asyncio.sleep(8)
+        r = await sb.exec("pgrep -c head || true", timeout=10)
+        assert r.disk_full and r.output.strip() == "0", r
+        assert _written(docker_client, sb.id) < limit + (256 << 20)
+
+
+async def test_memory_kills_are_told_apart_from_other_kills(docker_cfg: SandboxConfig) -> None:
+    async with await DockerSandbox.create(docker_cfg) as sb:
+        r = await sb.exec("python3 -c 'b = bytearray(1 << 30)'", timeout=60)
+        assert r.exit_code == 137 and r.oom_killed and not r.timed_out
+        r = await sb.exec("kill -9 $$", timeout=10)
+        assert r.exit_code == 137 and not r.oom_killed
+        r = await sb.exec("sleep 5", timeout=1)
+        assert r.timed_out and not r.oom_killed
