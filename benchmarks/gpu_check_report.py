@@ -95,7 +95,7 @@ def render(parts: dict[str, dict[str, Any]], bench: dict[str, Any], cases: list[
     lines += [f"| {c['test']} | {c['outcome']} | {c['message']} |" for c in cases] or ["| (no test results) | | |"]
     if "matmul" in bench:
         mm = bench["matmul"]
-        lines += ["", f"bf16 matmul {mm['n']}x{mm['n']}x{mm['n']} (mean of {mm['iters']}): {mm['tflops']:.1f} TFLOP/s"]
+        lines += ["", f"bf16 matmul {mm['n']}x{mm['n']}x{mm['n']} (mean of {mm['iters']}): {mm['tflops']:.3g} TFLOP/s"]
     steps, mem = _model_rows(bench)
     k = bench.get("critic_updates_per_step", 2)
     lines += [

@@ -67,7 +67,7 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 if [ "$mode" = cpu ]; then
   PY="${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}"
   export SAO_CACHE="${SAO_CACHE:-$HOME/.cache/sao}"
-  TESTS_S=120 BENCH_S=150
+  TESTS_S=120 BENCH_S=200
 else
   PY="${PYTHON:-python3}"
   export SAO_CACHE="${SAO_CACHE:-/tmp/sao_cache}"  # nothing under $OUT but the report files
