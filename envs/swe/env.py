@@ -177,7 +177,7 @@ class SWEEnv(ToolEnv):
 
         if isinstance(task, dict):
             task = with_official_image(task)
-        task = copy.deepcopy(validate_instance(task))
+        task: dict[str, Any] = copy.deepcopy(validate_instance(task))
         if self.pass_to_pass_sample is not None and "sao_mutation" not in task:
             raise ValueError(
                 f"task {task['instance_id']!r} is not an offline SAO task, so its eval script cannot run a sample "

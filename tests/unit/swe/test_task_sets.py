@@ -1,0 +1,47 @@
+"""Named offline SWE task sets: the spec forms of env.tasks, the held-out split by file, errors before any build."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from envs.datasets import held_out_spec, load_tasks
+from envs.swe.tasks import offline
+
+
+def test_held_out_spec_names_the_split_of_swe_sets_only() -> None:
+    assert held_out_spec("swe-offline:quickstart") == "swe-offline:quickstart:heldout"
+    assert held_out_spec("swe-offline:quickstart:heldout") is None
+    assert held_out_spec("arithmetic") is None and held_out_spec(None) is None
+
+
+def test_unknown_sets_and_splits_are_named_before_any_build() -> None:
+    with pytest.raises(ValueError, match="choose from quickstart, smoke"):
+        load_tasks("swe-offline:nope")
+    with pytest.raises(ValueError, match="unknown split 'test'"):
+        load_tasks("swe-offline:smoke:test")
+
+
+def test_splits_never_share_a_file_and_keep_only_the_sets_operators(monkeypatch: pytest.MonkeyPatch) -> None:
+    def rec(i: int, path: str, op: str) -> dict[str, Any]:
+        return {"instance_id": f"t{i}", "sao_mutation": {"path": path, "operator": op}}
+
+    built = [rec(0, "a.py", "off_by_one"), rec(1, "b.py", "off_by_one"), rec(2, "a.py", "wrong_return"),
+             rec(3, "c.py", "wrong_return")]  # fmt: skip
+    seen: list[tuple[Any, ...]] = []
+
+    def fake_build(n: int, packages: tuple[str, ...], min_per_package: int | None = None) -> list[dict[str, Any]]:
+        seen.append((n, packages, min_per_package))
+        return built
+
+    monkeypatch.setattr(offline, "ensure_offline_tasks", fake_build)
+    monkeypatch.setitem(
+        offline.TASK_SETS, "t", offline.TaskSet(("x==1",), 4, held_out_paths=("a.py",), operators=("off_by_one",))
+    )
+    assert [r["instance_id"] for r in offline.task_set("t")] == ["t1"]
+    assert [r["instance_id"] for r in offline.task_set("t", "heldout")] == ["t0"]
+    assert seen[0] == (4, ("x==1",), None)
+    monkeypatch.setitem(offline.TASK_SETS, "u", offline.TaskSet(("x==1",), 4, held_out_paths=("z.py",)))
+    with pytest.raises(RuntimeError, match="no heldout tasks"):
+        offline.task_set("u", "heldout")
