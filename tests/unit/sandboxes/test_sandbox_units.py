@@ -102,6 +102,13 @@ def test_parse_bytes() -> None:
         ({"backend": "bwrap", "network": "bridge"}, "sandbox.network"),
         ({"shell": ()}, "sandbox.shell"),
         ({"workdir": "relative"}, "sandbox.workdir"),
+        ({"user": "root"}, "sandbox.user"),
+        ({"user": "0:0"}, "sandbox.user"),
+        ({"user": "1000 1000"}, "sandbox.user"),
+        ({"backend": "bwrap", "user": "nobody"}, "sandbox.user"),
+        ({"disk_limit": "lots"}, "sandbox.disk_limit"),
+        ({"disk_limit": 4096}, "sandbox.disk_limit"),
+        ({"disk_check_s": 0}, "sandbox.disk_check_s"),
     ],
 )
 def test_config_errors_name_the_field(kwargs: dict[str, object], field: str) -> None:
@@ -147,3 +154,9 @@ def test_framer_any_split(payloads: list[tuple[int, bytes]], step: int) -> None:
     for i in range(0, len(wire), step):
         f.feed(wire[i : i + step])
     assert c.data() == b"".join(p for _, p in payloads)
+
+
+def test_commands_default_to_an_unprivileged_user_and_a_disk_limit() -> None:
+    cfg = SandboxConfig()
+    assert cfg.user == "1000:1000" and cfg.disk_bytes == 1 << 30
+    assert sandbox_config_from_dict({"disk_limit": "256m", "user": "nobody"}).disk_bytes == 256 << 20
