@@ -40,7 +40,7 @@ def time_learner_phases() -> None:
 
     def sync() -> None:
         # CUDA kernels run behind the Python thread: without a sync a phase's GPU work lands in the next phase
-        if torch.cuda.is_initialized():
+        if torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
             torch.cuda.synchronize()
 
     def timed(label: str, fn: Any) -> Any:
