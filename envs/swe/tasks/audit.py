@@ -1,86 +1,178 @@
-"""Audit of a built SWE task image: can the agent read the fix instead of finding it? (``audit_task_image``)
+"""Audit of a built SWE task image: can the agent read the fix instead of finding it? (``audit_image``)
 
-Run inside a fresh container of the image, as the agent would see it: git history, refs, reflog, stash; objects in
-the store holding a fixed file (the gold patch's post-image blob ids); unreachable objects; a copy of a fixed file
-anywhere in the image; the package's own wheel / sdist / zip / egg anywhere; other copies of the package's top-level
-module (vendored by pip, setuptools, ...); bytecode in ``/testbed``; ``/wheels`` and pip's cache. The builder runs it
-on every task image it makes and refuses a leaky one; ``tests/integration/swe/test_task_integrity.py`` runs it on
-the test task set and on a deliberately leaky image.
+Run inside a fresh container of the image, as the agent would see it. By content, never by name: what leaks is the
+fixed code, wherever it sits and whatever the file is called.
+- git: HEAD is ``base_commit``, one commit, one ref, no reflog or stash, no unreachable object, no object holding a
+  fixed file (the post-image blob ids of the gold patch);
+- text: every file of the image (``/testbed`` included, ``.git`` left to the git checks) is searched for each
+  hunk of the fix as it reads after the fix (its context and added lines, whitespace-normalised, in order): a copy
+  in another site-packages, a cache, a vendored or renamed copy is refused; an unrelated module of the same name
+  (the standard library's ``encodings/idna.py`` for idna) or a console-script launcher holds none of it;
+- archives: every zip (wheel, egg, jar) and tar (``.tar.gz``, sdists) found by its magic bytes, whatever its name,
+  is opened and its members searched the same way;
+- bytecode: every ``.pyc`` of the image's Python is loaded and its code objects compared (bytecode, constants and
+  names; not file names or line numbers) with those only the fixed source compiles to: stale bytecode of a
+  mutated file is refused, the buggy file's own bytecode is not.
+The builder runs it on every task image it makes and refuses a leaky one; ``tests/integration/swe/
+test_task_integrity.py`` runs it on the test task set and on a deliberately leaky image.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 from typing import Any
 
 from sandboxes.docker import tar_one
 
-# Run in /testbed with the gold patch at /tmp/gold.diff; prints one JSON object.
-AUDIT = r"""
-set -u
-cd /testbed
-files=$(git apply --numstat /tmp/gold.diff | cut -f3)
-git apply /tmp/gold.diff || { echo '{"apply_failed": true}'; exit 0; }
-post_ids=""; post_sha=""
-for f in $files; do
-  post_ids="$post_ids $(git hash-object "$f")"
-  post_sha="$post_sha $(sha256sum "$f" | cut -d' ' -f1):$(basename "$f")"
-done
-git checkout -q -- . && git clean -fdq
-in_store=""
-for id in $post_ids; do git cat-file -e "$id" 2>/dev/null && in_store="$in_store $id"; done
-for id in $(sed -n 's/^index [0-9a-f]*\.\.\([0-9a-f]*\).*/\1/p' /tmp/gold.diff); do
-  git cat-file -e "$id" 2>/dev/null && in_store="$in_store $id"
-done
-copies=""
-for pair in $post_sha; do
-  sha=${pair%%:*}; name=${pair#*:}
-  for p in $(find / -xdev -type f -name "$name" 2>/dev/null); do
-    [ "$(sha256sum "$p" | cut -d' ' -f1)" = "$sha" ] && copies="$copies $p"
-  done
-done
-archives=$(find / -xdev -type f \( -iname "$PKG_A-*.whl" -o -iname "$PKG_B-*.whl" -o -iname "$PKG_A-*.tar.gz" \
-  -o -iname "$PKG_B-*.tar.gz" -o -iname "$PKG_A-*.zip" -o -iname "$PKG_B-*.zip" -o -iname "$PKG_A-*.egg" \) \
-  2>/dev/null | tr '\n' ' ')
-vendored=$(for m in $MODS; do find / -xdev -path /testbed -prune -o \( -name "$m" -o -name "$m.py" \) -print; done \
-  2>/dev/null | tr '\n' ' ')
-unreachable=$(git fsck --unreachable --no-reflogs --no-progress 2>&1 | grep -c unreachable)
-python3 - "$in_store" "$copies" "$archives" "$unreachable" "$vendored" <<'EOF'
-import json, os, subprocess, sys
+# Run with python3 in /testbed, the gold patch at /tmp/gold.diff; prints one JSON object.
+AUDIT = r'''
+import importlib.util, io, json, marshal, os, stat, subprocess, sys, tarfile, types, zipfile
+
+MAX_BYTES = 64 << 20
+SKIP = {"/proc", "/sys", "/dev", "/run", "/testbed/.git"}
+OURS = {"/tmp/gold.diff", "/tmp/sao_audit.py"}
+
+
 def git(*a):
-    return subprocess.run(["git", *a], capture_output=True, text=True).stdout.split()
+    return subprocess.run(["git", *a], capture_output=True, text=True)
+
+
+os.chdir("/testbed")
+files = [ln.split("\t")[2] for ln in git("apply", "--numstat", "/tmp/gold.diff").stdout.splitlines() if ln]
+buggy = {f: open(f, "rb").read() for f in files if os.path.isfile(f)}
+if git("apply", "/tmp/gold.diff").returncode != 0:
+    print(json.dumps({"apply_failed": True}))
+    sys.exit(0)
+fixed = {f: open(f, "rb").read() for f in files if os.path.isfile(f)}
+post_ids = [git("hash-object", f).stdout.strip() for f in fixed]
+git("checkout", "-q", "--", ".")
+git("clean", "-fdq")
+in_store = [i for i in post_ids if git("cat-file", "-e", i).returncode == 0]
+
+# The fix's hunks as they read after it: context and added lines, stripped, blank lines dropped.
+needles, hunk, added = [], None, False
+for line in open("/tmp/gold.diff", encoding="utf-8", errors="replace").read().splitlines():
+    if line.startswith("diff --git") or line.startswith("@@"):
+        if hunk and added:
+            needles.append(hunk)
+        hunk, added = ([] if line.startswith("@@") else None), False
+    elif hunk is not None and line[:1] in (" ", "+"):
+        if line[1:].strip():
+            hunk.append(line[1:].strip())
+        added = added or line[:1] == "+"
+if hunk and added:
+    needles.append(hunk)
+keys = [max(n, key=len).encode() for n in needles]
+
+
+def holds_fix(data):
+    hits = [needle for key, needle in zip(keys, needles) if key in data]
+    if not hits:
+        return False
+    text = data.decode("utf-8", errors="replace")
+    for needle in hits:
+        lines = [s for s in (ln.strip() for ln in text.splitlines()) if s]
+        first, n = needle[0], len(needle)
+        if any(lines[i : i + n] == needle for i, s in enumerate(lines) if s == first):
+            return True
+    return False
+
+
+def signatures(code):
+    out, todo = set(), [code]
+    while todo:
+        c = todo.pop()
+        inner = [k for k in c.co_consts if isinstance(k, types.CodeType)]
+        consts = tuple(repr(k) for k in c.co_consts if not isinstance(k, types.CodeType))
+        out.add((getattr(c, "co_qualname", c.co_name), c.co_code, consts, c.co_names))
+        todo += inner
+    return out
+
+
+def compiled(src, path):
+    try:
+        return signatures(compile(src, path, "exec"))
+    except (SyntaxError, ValueError):
+        return set()
+
+
+fixed_code = set()
+for f, src in fixed.items():
+    if f.endswith(".py"):
+        fixed_code |= compiled(src, f) - compiled(buggy.get(f, b""), f)
+
+
+def members(data):
+    """(name, bytes) of the files of a zip or tar archive held in ``data``; none if it is neither."""
+    try:
+        if data[:4] == b"PK\x03\x04":
+            with zipfile.ZipFile(io.BytesIO(data)) as z:
+                for info in z.infolist():
+                    if not info.is_dir() and info.file_size <= MAX_BYTES:
+                        yield info.filename, z.read(info)
+        elif data[:2] in (b"\x1f\x8b", b"BZ") or data[:6] == b"\xfd7zXZ\x00" or data[257:262] == b"ustar":
+            with tarfile.open(fileobj=io.BytesIO(data)) as t:
+                for m in t:
+                    if m.isfile() and m.size <= MAX_BYTES:
+                        yield m.name, t.extractfile(m).read()
+    except (OSError, EOFError, zipfile.BadZipFile, tarfile.TarError):
+        return
+
+
+def bytecode_of_fix(data):
+    if not fixed_code or data[:4] != importlib.util.MAGIC_NUMBER:
+        return False
+    try:
+        return bool(signatures(marshal.loads(data[16:])) & fixed_code)
+    except (ValueError, EOFError, TypeError):
+        return False
+
+
+copies, pyc, scanned = [], [], 0
+for root, dirs, names in os.walk("/"):
+    dirs[:] = [d for d in dirs if os.path.join(root, d) not in SKIP]
+    for name in names:
+        p = os.path.join(root, name)
+        if p in OURS:
+            continue
+        try:
+            st = os.lstat(p)
+            if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_BYTES:
+                continue
+            data = open(p, "rb").read()
+        except OSError:
+            continue
+        scanned += 1
+        if bytecode_of_fix(data):
+            pyc.append(p)
+        elif holds_fix(data):
+            copies.append(p)
+        else:
+            copies += [f"{p}!{m}" for m, body in members(data) if holds_fix(body) or bytecode_of_fix(body)]
+
+refs = git("for-each-ref", "--format=%(refname)").stdout.split()
+fsck = git("fsck", "--unreachable", "--no-reflogs", "--no-progress")
 print(json.dumps({
-    "head": git("rev-parse", "HEAD")[0],
-    "commits_all": len(git("rev-list", "--all")),
-    "refs": git("for-each-ref", "--format=%(refname)"),
-    "reflog_entries": len(git("reflog", "show", "--format=%H")),
-    "stash": len(git("stash", "list")),
+    "head": git("rev-parse", "HEAD").stdout.strip(),
+    "commits_all": len(git("rev-list", "--all").stdout.split()),
+    "refs": refs,
+    "reflog_entries": len(git("reflog", "show", "--format=%H").stdout.split()),
+    "stash": len(git("stash", "list").stdout.splitlines()),
     "logs_dir": os.path.exists(".git/logs"),
-    "post_image_ids_in_store": sys.argv[1].split(),
-    "copies_of_fixed_files": sys.argv[2].split(),
-    "package_archives": sys.argv[3].split(),
-    "unreachable_objects": int(sys.argv[4] or 0),
-    "other_copies_of_its_modules": sys.argv[5].split(),
-    "pyc_in_testbed": len([1 for r, _, fs in os.walk("/testbed") for f in fs if f.endswith(".pyc")]),
-    "wheels_dir": os.path.exists("/wheels"),
-    "pip_cache": os.path.exists("/root/.cache/pip"),
+    "post_image_ids_in_store": in_store,
+    "unreachable_objects": (fsck.stdout + fsck.stderr).count("unreachable"),
+    "fix_hunks": len(needles),
+    "fixed_code_objects": len(fixed_code),
+    "files_scanned": scanned,
+    "copies_of_the_fix": copies,
+    "bytecode_of_the_fix": pyc,
 }))
-EOF
-"""
-
-
-def module_of(task: dict[str, Any]) -> str:
-    """The top-level import name holding the mutated file (``toolz/itertoolz.py`` -> ``toolz``)."""
-    parts = str(task["sao_mutation"]["path"]).split("/")
-    parts = parts[1:] if parts[0] == "src" else parts
-    return parts[0].removesuffix(".py")
+'''
 
 
 def audit_image(client: Any, task: dict[str, Any]) -> dict[str, Any]:
     """Run ``AUDIT`` in a fresh container of ``task["image"]`` (a record of ours) and return its findings."""
-    package = task["repo"].split("/", 1)[1]
     container = client.containers.run(
         task["image"],
         ["sleep", "infinity"],
@@ -90,10 +182,10 @@ def audit_image(client: Any, task: dict[str, Any]) -> dict[str, Any]:
     )
     try:
         patch = task["patch"] if task["patch"].endswith("\n") else task["patch"] + "\n"
-        if not container.put_archive("/tmp", tar_one("gold.diff", patch.encode())):
-            raise RuntimeError(f"could not copy the gold patch into a container of {task['image']}")
-        env = {"PKG_A": package, "PKG_B": re.sub(r"[-_.]+", "_", package), "MODS": module_of(task)}
-        res = container.exec_run(["bash", "-c", AUDIT], environment=env, workdir="/testbed")
+        for name, data in (("gold.diff", patch.encode()), ("sao_audit.py", AUDIT.encode())):
+            if not container.put_archive("/tmp", tar_one(name, data)):
+                raise RuntimeError(f"could not copy {name} into a container of {task['image']}")
+        res = container.exec_run(["python3", "/tmp/sao_audit.py"], workdir="/testbed")
         out = res.output.decode(errors="replace")
         last = out.strip().splitlines()[-1] if out.strip() else ""
         if not last.startswith("{"):
@@ -115,13 +207,8 @@ def problems(found: dict[str, Any], task: dict[str, Any]) -> list[str]:
         (found["stash"] == 0, "a stash"),
         (not found["post_image_ids_in_store"], f"fixed blobs in the object store {found['post_image_ids_in_store']}"),
         (found["unreachable_objects"] == 0, f"{found['unreachable_objects']} unreachable objects"),
-        (not found["copies_of_fixed_files"], f"copies of the fixed files at {found['copies_of_fixed_files']}"),
-        (not found["package_archives"], f"archives of the package at {found['package_archives']}"),
-        (
-            not found["other_copies_of_its_modules"],
-            f"other copies of its module {found['other_copies_of_its_modules']}",
-        ),
-        (found["pyc_in_testbed"] == 0, "bytecode in /testbed"),
-        (not found["wheels_dir"] and not found["pip_cache"], "/wheels or pip's cache"),
+        (found["fix_hunks"] > 0, "the gold patch has no hunk to search for"),
+        (not found["copies_of_the_fix"], f"the fixed code at {found['copies_of_the_fix']}"),
+        (not found["bytecode_of_the_fix"], f"bytecode of the fixed code at {found['bytecode_of_the_fix']}"),
     ]
     return [msg for ok, msg in checks if not ok]

@@ -35,7 +35,7 @@ GIT_ENV = (
 VENDOR_DIRS = ("_vendor", "vendor", "extern", "_extern", "packages", "site-packages", "dist-packages")
 NOT_MODULES = ("setup", "conftest", "noxfile", "fabfile", "tasks")
 GIT_EXCLUDES = ["__pycache__/", "*.pyc", ".pytest_cache/", ".hypothesis/", "build/", "dist/", ".eggs/"]
-IMAGE_RECIPE_VERSION = "3"
+IMAGE_RECIPE_VERSION = "4"
 
 
 class ImageBuildError(RuntimeError):
@@ -108,10 +108,13 @@ def sdist_modules(sdist: Path) -> list[str]:
 
 def _scrub_copies(spec: SdistSpec, modules: list[str]) -> str:
     """Shell deleting, outside /testbed, the package's archives anywhere, copies of its modules vendored by other
-    packages (pip vendors six, setuptools more-itertools, ...) and the bundled pip/setuptools wheels that hold them."""
+    packages (pip vendors six, setuptools more-itertools, ...) with their bytecode, and the bundled pip/setuptools
+    wheels that hold them."""
     names = {spec.name, _norm(spec.name), spec.name.replace("-", "_")}
     archive = " -o ".join(f"-iname '{n}-*.{ext}'" for n in sorted(names) for ext in ("whl", "tar.gz", "zip", "egg"))
-    module = " -o ".join(f"-name '{m}' -o -name '{m}.py'" for m in modules) or "-false"
+    # With their bytecode: a vendored module's stale .pyc holds the fixed code as much as its source did.
+    module = " -o ".join(f"-name '{m}' -o -name '{m}.py' -o -name '{m}.*.pyc' -o -name '{m}.pyc'" for m in modules)
+    module = module or "-false"
     where = " -o ".join(f"-path '*/{d}/*'" for d in VENDOR_DIRS)
     return (
         f"find / -xdev -path /testbed -prune -o -type f \\( {archive} \\) -print0 | xargs -0 -r rm -f "
