@@ -184,7 +184,7 @@ def peak_bytes(fn: Callable[[], Any], device: Any) -> tuple[Any, int, int]:
     base = _status_kib("VmRSS") * 1024
     out = fn()
     peak = _status_kib("VmHWM") * 1024
-    return out, peak - base, peak
+    return out, max(peak - base, 0), peak
 
 
 def _free(device: Any) -> None:
@@ -405,7 +405,8 @@ def run(check: CheckConfig, echo: Callable[[str], None] = print) -> dict[str, An
     from benchmarks.throughput_probe import time_learner_phases
     from trainer import distributed
 
-    t_end = time.monotonic() + check.budget_s
+    t0 = time.monotonic()
+    t_end = t0 + check.budget_s
     if not check.cpu and not torch.cuda.is_available():
         raise SystemExit("gpu check: no CUDA device here; on a CPU machine run `bash scripts/gpu_check.sh --cpu`")
     distributed.init_distributed()
@@ -439,7 +440,7 @@ def run(check: CheckConfig, echo: Callable[[str], None] = print) -> dict[str, An
         if time.monotonic() > t_end - 10:
             rec["error"] = "skipped: time budget"
             continue
-        echo(f"{name}: building and measuring ...")
+        echo(f"{name}: building and measuring ({time.monotonic() - t0:.0f} s in) ...")
         try:
             check_model(name, check, device, t_end, res["matmul"]["tflops"], rec, save)
         except Exception as e:
@@ -452,6 +453,7 @@ def run(check: CheckConfig, echo: Callable[[str], None] = print) -> dict[str, An
                 + (f"{s['step_s']:.3f} s, MFU {s['mfu']:.3f}" if "step_s" in s else s["skipped"])
             )
         save()
+    echo(f"bench done in {time.monotonic() - t0:.0f} s: {path}")
     return res
 
 

@@ -67,7 +67,7 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 if [ "$mode" = cpu ]; then
   PY="${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}"
   export SAO_CACHE="${SAO_CACHE:-$HOME/.cache/sao}"
-  TESTS_S=120 BENCH_S=200
+  TESTS_S=120 BENCH_S=300  # caps for a loaded 2-core machine; ~1 min on a quiet one
 else
   PY="${PYTHON:-python3}"
   export SAO_CACHE="${SAO_CACHE:-/tmp/sao_cache}"  # nothing under $OUT but the report files
@@ -104,7 +104,10 @@ if [ "$mode" = gpu ]; then
     part install 90 "$PY" -m pip install --no-index --find-links "$WHEELS" -r "$WHEELS/requirements.txt"
   fi
 fi
-part tests "$TESTS_S" "$PY" -m pytest -m gpu -p no:cacheprovider --timeout="$TESTS_S" --junitxml="$OUT/tests.xml" \
+# Only the plugins the tests use: the GPU image has others (xdist, cov, benchmark) that a pytest upgraded by the
+# install may not load.
+PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 part tests "$TESTS_S" "$PY" -m pytest -p pytest_asyncio.plugin -p pytest_timeout \
+  -p no:cacheprovider -m gpu --timeout="$TESTS_S" --junitxml="$OUT/tests.xml" \
   tests/integration/trainer/test_gpu.py tests/integration/cluster/test_gpu_cluster.py
 bench_args=(--out "$OUT")
 [ "$mode" = cpu ] && bench_args+=(--cpu)

@@ -22,7 +22,7 @@ def test_cpu_dry_run_measures_both_models_and_reports(tmp_path: Path) -> None:
     out = tmp_path / "out"
     env = {**cli_env(), "OUT": str(out), "PYTHON": sys.executable}
     res = subprocess.run(
-        ["bash", "scripts/gpu_check.sh", "--cpu"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=400
+        ["bash", "scripts/gpu_check.sh", "--cpu"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=500
     )
     logs = "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted(out.glob("*.log")))
     assert res.returncode == 0, f"{res.stdout[-3000:]}\n{res.stderr[-3000:]}\n{logs}"
