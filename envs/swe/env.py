@@ -177,13 +177,13 @@ class SWEEnv(ToolEnv):
 
         if isinstance(task, dict):
             task = with_official_image(task)
-        task: dict[str, Any] = copy.deepcopy(validate_instance(task))
-        if self.pass_to_pass_sample is not None and "sao_mutation" not in task:
+        record: dict[str, Any] = copy.deepcopy(validate_instance(task))
+        if self.pass_to_pass_sample is not None and "sao_mutation" not in record:
             raise ValueError(
-                f"task {task['instance_id']!r} is not an offline SAO task, so its eval script cannot run a sample "
+                f"task {record['instance_id']!r} is not an offline SAO task, so its eval script cannot run a sample "
                 "of PASS_TO_PASS; set the env's pass_to_pass_sample to null"
             )
-        return task
+        return record
 
     def task_info(self, task: Any) -> dict[str, Any]:
         return {"task_id": task["instance_id"], "image": task["image"]}
