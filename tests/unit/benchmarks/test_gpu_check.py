@@ -10,7 +10,8 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from benchmarks.gpu_check import FlopShape, _time_for, step_flops, with_torch_adam
+from benchmarks.gpu_check import _time_for, with_torch_adam
+from benchmarks.gpu_check_flops import FlopShape, step_flops
 from benchmarks.gpu_check_report import junit_cases, ok, parse_parts, render
 from saocore.tiny_models import build_tiny_model
 
