@@ -43,7 +43,7 @@ GPU_MODELS: dict[str, tuple[str, dict[str, Any]]] = {
     # ~640M parameters, 32 experts with 4 active: a Qwen3-30B-A3B in miniature
     "moe": (
         "tiny:moe",
-        dict(vocab_size=QWEN_VOCAB, hidden_size=1024, intermediate_size=3072, moe_intermediate_size=384,
+        dict(vocab_size=QWEN_VOCAB, hidden_size=1024, moe_intermediate_size=384,
              num_hidden_layers=12, num_attention_heads=16, num_key_value_heads=4, head_dim=64, num_experts=32,
              num_experts_per_tok=4, max_position_embeddings=40960),
     ),
