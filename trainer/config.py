@@ -372,7 +372,7 @@ class Config:
             (0 <= t.gamma <= 1, "trainer.gamma must be in [0, 1]"),
             (0 <= t.lam <= 1, "trainer.lam (lambda) must be in [0, 1]"),
             (0 <= t.critic_lam <= 1, "trainer.critic_lam must be in [0, 1]"),
-            (t.ppo_epochs is not None and t.ppo_epochs >= 1, "trainer.ppo_epochs must be >= 1 (1 = one step per batch)"),
+            (t.ppo_epochs is not None and t.ppo_epochs >= 1, "trainer.ppo_epochs must be >= 1 (1 = one per batch)"),
             (
                 t.dis_band in (*DIS_BANDS, "custom"),
                 f"trainer.dis_band: unknown {t.dis_band!r}; use one of {[*DIS_BANDS, 'custom']}",
@@ -466,8 +466,9 @@ class Config:
         if t.staleness_policy == "wait" and not spec.synchronous and staleness < t.sync_every:
             raise ConfigError(
                 f"trainer.max_staleness ({staleness}) < trainer.sync_every ({t.sync_every}): with "
-                "staleness_policy=wait no episode could be started that is sure to be trained in time (the engine may "
-                "hold weights sync_every versions old); raise trainer.max_staleness or set trainer.staleness_policy=drop"
+                "staleness_policy=wait no episode could be started that is sure to be trained in time (the engine "
+                "may hold weights sync_every versions old); raise trainer.max_staleness or set "
+                "trainer.staleness_policy=drop"
             )
         if traits.needs_values and not spec.critic:
             raise ConfigError(

@@ -358,9 +358,7 @@ def whiten(
 @register_advantage("skip_obs_gae", needs_values=True)
 def _skip_obs_gae_entry(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
     values = _need(inputs.values, "critic values", "skip_obs_gae")
-    return skip_observation_gae(
-        inputs.rewards, values, inputs.action_mask, inputs.gamma, inputs.lam, inputs.truncated
-    )
+    return skip_observation_gae(inputs.rewards, values, inputs.action_mask, inputs.gamma, inputs.lam, inputs.truncated)
 
 
 @register_advantage("gae", needs_values=True, token_level=True)

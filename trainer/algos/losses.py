@@ -112,7 +112,8 @@ def dis_policy_loss(
     ``r = exp(logp - rollout_logp)`` against the engine's sampling logprob; ``f(r) = r`` when
     ``1 - eps_low < r < 1 + eps_high`` (strict), else 0, so a token outside the band contributes nothing.
     The gradient w.r.t. ``logp_t`` is exactly ``-f(r_t) * A_t / N``; an entropy bonus (``entropy``,
-    ``entropy_coef``) is subtracted over the kept tokens only, so a masked token gets no gradient at all. Metrics: ``mask_frac_low``/``high``
+    ``entropy_coef``) is subtracted over the kept tokens only, so a masked token gets no gradient at all.
+    Metrics: ``mask_frac_low``/``high``
     (share of action tokens cut below/above), ``ratio_mean``, ``ratio_max``, ``logp_diff_abs_mean``,
     ``kept_frac``, ``num_tokens``, and ``entropy`` when ``logits`` are given.
     Raises ValueError on shape mismatch, NaN/inf on action tokens, ``eps_low`` outside (0, 1] or ``eps_high <= 0``.
@@ -176,7 +177,17 @@ def ppo_clip_loss(
     """
     # Decoupled PPO whose behaviour policy is the proximal one: every behaviour weight is exactly 1.
     loss, metrics = decoupled_ppo_loss(
-        logp, old_logp, old_logp, advantages, action_mask, eps_low, eps_high, None, logits, normalizer, entropy,
+        logp,
+        old_logp,
+        old_logp,
+        advantages,
+        action_mask,
+        eps_low,
+        eps_high,
+        None,
+        logits,
+        normalizer,
+        entropy,
         entropy_coef,
     )
     for key in ("behavior_weight_mean", "behavior_drop_frac"):
@@ -203,7 +214,8 @@ def decoupled_ppo_loss(
     ``L = -mean_t[ w_t * min(r_t A_t, clip(r_t, 1 - eps_low, 1 + eps_high) A_t) ]`` with the clip ratio
     ``r = exp(logp - old_logp)`` against the proximal (old-policy recompute) and the behaviour weight
     ``w = sg(exp(old_logp - rollout_logp))`` correcting for the stale sampler. Tokens with
-    ``w > behavior_weight_cap`` are dropped (the entropy bonus, if any, skips them too). Metrics add ``behavior_weight_mean`` and ``behavior_drop_frac``.
+    ``w > behavior_weight_cap`` are dropped (the entropy bonus, if any, skips them too). Metrics add
+    ``behavior_weight_mean`` and ``behavior_drop_frac``.
     """
     _check_shapes(
         logp=logp, old_logp=old_logp, rollout_logp=rollout_logp, advantages=advantages, action_mask=action_mask

@@ -32,9 +32,9 @@ def test_ppo_defaults_are_not_inert() -> None:
 def test_staleness_and_update_order_fields() -> None:
     cfg = config_from_dict({})
     assert cfg.trainer.staleness_policy == "wait" and cfg.trainer.update_order == "advantages_first"
-    with pytest.raises(ConfigError, match="trainer.staleness_policy"):
+    with pytest.raises(ConfigError, match=r"trainer\.staleness_policy"):
         config_from_dict({"trainer": {"staleness_policy": "skip"}})
-    with pytest.raises(ConfigError, match="trainer.update_order"):
+    with pytest.raises(ConfigError, match=r"trainer\.update_order"):
         config_from_dict({"trainer": {"update_order": "random"}})
     with pytest.raises(ConfigError, match="staleness_policy=drop"):
         config_from_dict({"trainer": {"max_staleness": 0}})

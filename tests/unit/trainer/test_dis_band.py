@@ -20,7 +20,7 @@ def test_presets_are_the_papers_bands() -> None:
     assert config_from_dict({"trainer": {"dis_band": "coding"}}).dis_bounds == DIS_BANDS["coding"]
     custom = config_from_dict({"trainer": {"dis_band": "custom", "eps_low": 0.5, "eps_high": 1.0}})
     assert custom.dis_bounds == (0.5, 1.0)
-    with pytest.raises(ConfigError, match="trainer.dis_band"):
+    with pytest.raises(ConfigError, match=r"trainer\.dis_band"):
         config_from_dict({"trainer": {"dis_band": "swe"}})
     assert policy_loss_traits("dis").dis_band and not policy_loss_traits("ppo_clip").dis_band
 
@@ -42,7 +42,9 @@ def test_entropy_bonus_gives_no_gradient_to_dis_masked_tokens() -> None:
     logp = torch.log(torch.tensor([[1.0, 3.0, 0.1]])).requires_grad_(False)  # token 2 and 3 outside (0.5, 2)
     entropy = torch.tensor([[0.5, 0.5, 0.5]], requires_grad=True)
     mask = torch.ones(1, 3, dtype=torch.bool)
-    loss, m = dis_policy_loss(logp, torch.zeros(1, 3), torch.ones(1, 3), mask, 0.5, 1.0, entropy=entropy, entropy_coef=0.1)
+    loss, m = dis_policy_loss(
+        logp, torch.zeros(1, 3), torch.ones(1, 3), mask, 0.5, 1.0, entropy=entropy, entropy_coef=0.1
+    )
     loss.backward()
     assert m["kept_frac"].item() == pytest.approx(1 / 3)
     assert entropy.grad is not None
