@@ -13,17 +13,24 @@ Each command runs as ``bwrap ... <shell> -c <cmd>`` with:
   terminal injection); ``--cap-drop ALL``: run by root, bwrap would otherwise keep every capability inside the
   jail's user namespace (enough to mount a tmpfs or make namespaces); with none, root inside cannot mount or
   remount anything;
+- the command runs as the unprivileged ``SandboxConfig.user`` (default 1000:1000) of its own user namespace
+  (``--unshare-user --uid --gid``), mapped to the host user running sao; it can signal only its own jail, whose
+  PID 1 ignores it: killing every process ends the command, never the sandbox;
 - a clean environment (``--clearenv``: PATH, HOME, LANG and ``SandboxConfig.env`` only);
-- a memory cap as ``ulimit -v`` (address space, ``mem_limit``) and a timeout that kills the whole jail.
+- a memory cap as ``ulimit -v`` (address space, ``mem_limit``) and a timeout that kills the whole jail;
+- disk: ``ulimit -f`` of ``disk_limit`` (a bigger file is refused), ``/tmp`` a tmpfs of that size, and ``/work``
+  measured every ``disk_check_s`` while a command runs: past the limit and growing, the jail is killed
+  (``ExecResult.disk_full``); ``write_file`` past it raises ``OSError(ENOSPC)``.
 
 What it does NOT isolate: the kernel (shared, as with Docker); CPU time (no CPU limit without cgroups); the
 number of processes (no pids limit: a fork bomb is only stopped by the timeout, and can slow the host until
-then); disk usage of ``/work`` and ``/tmp`` (no quota); everything readable under ``/usr`` and ``/etc`` (as root,
-that includes ``/etc/shadow``). ``ulimit -v`` limits address space, not resident memory, so some runtimes (Go,
-JVMs) fail early under it. Use Docker when these matter. SWE tasks refuse this backend (``SWEEnv`` needs
-``sandbox.backend="docker"``): a task is an image (its repository, its Python environment, the grader's fresh
-container), which a jail over the host's ``/usr`` cannot hold; math episodes need none of that and their grader
-(math-verify) runs in the host process, out of the jail's reach.
+then); everything readable under ``/usr`` and ``/etc`` by the host user the jail's user maps to (run as root,
+that includes ``/etc/shadow``: the mapped user owns root's files, without any capability); the memory killer
+(no cgroup: ``ulimit -v`` makes an allocation fail instead, e.g. ``MemoryError``). ``ulimit -v`` limits address
+space, not resident memory, so some runtimes (Go, JVMs) fail early under it. Use Docker when these matter. SWE
+tasks refuse this backend (``SWEEnv`` needs ``sandbox.backend="docker"``): a task is an image (its repository,
+its Python environment, the grader's fresh container), which a jail over the host's ``/usr`` cannot hold; math
+episodes need none of that and their grader (math-verify) runs in the host process, out of the jail's reach.
 
 Requires the ``bubblewrap`` Debian package (``apt-get install bubblewrap``).
 """

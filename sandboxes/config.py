@@ -47,8 +47,8 @@ class SandboxConfig:
             takes a user name of the image, e.g. ``"nobody"``). It cannot signal PID 1 or the sandbox's own
             processes, which run as root; root is refused here (an agent running as root could stop its
             sandbox and so end its own episode as an infra error). bwrap maps it in its user namespace.
-        workdir: default working directory of commands (docker: ``AGENT_HOME`` when ``None``, otherwise made
-            the user's at start; bwrap: the writable directory, always ``/work``).
+        workdir: default working directory of commands (docker: the image's ``WORKDIR`` when ``None``, or the
+            user's home ``/home/sao`` when that is ``/``; made the user's at start; bwrap: always ``/work``).
         disk_limit: most bytes an episode may write (e.g. ``"1g"``). Every command runs under ``ulimit -f`` of
             this size (a bigger file is refused by the kernel: ``File too large``); docker also watches the
             container's writable layer and bwrap its ``/work`` (polled every ``disk_check_s``) and kills the

@@ -3,16 +3,31 @@
 What it isolates (per container): the filesystem (the image's own root, nothing of the host mounted), the network
 (``network_mode="none"`` by default: loopback only), processes (own PID namespace, ``pids_limit``), memory
 (cgroup limit, swap included), CPU (``nano_cpus``), privileges (every capability dropped, ``no-new-privileges``).
-What it does NOT isolate: the kernel (a kernel exploit escapes, as with any container), disk usage inside the
-container's writable layer (no quota), and the base image runs commands as root (uid 0 without capabilities):
-that root cannot mount, chown, trace or load modules, but it can rewrite anything the image's root owns.
-Set ``SandboxConfig.user`` for images that have an unprivileged user.
+Commands run as an unprivileged user (``SandboxConfig.user``, default uid:gid 1000:1000, ``HOME`` ``AGENT_HOME``):
+the kernel clears its capabilities at exec, so it cannot signal PID 1 (the init), the container's ``sleep`` or
+anything else root runs, and so cannot stop its own sandbox (``kill -9 -1`` kills only its own processes). Root
+does one thing, before any command: it resolves the user and makes its home and the working directory
+(``SandboxConfig.workdir``, else the image's ``WORKDIR`` unless ``/``, else ``AGENT_HOME``) its own (``chown -R``
+when the image has them root's: the only capability root keeps is ``CHOWN``). ``write_file`` runs as that user too
+(through the exec's stdin), so the editor may write only where ``bash`` may. If the container still stops during a
+command while the daemon answers, that is the command's doing: ``SandboxDiedError`` (scored), while a removed
+container or a lost daemon is a ``SandboxError``.
+What it does NOT isolate: the kernel (a kernel exploit escapes, as with any container); files the image leaves
+world-writable or readable; ``read_file`` reads as the daemon (any file of the container).
 
-Commands run as ``timeout -s KILL <t> sh -c 'exec "$@" 2>&1' sh <shell> -c <cmd>`` (stderr merged into stdout,
-in order): at the timeout the command's process group is killed
+Disk: every command runs under ``ulimit -f`` of ``disk_limit`` (a bigger file is refused at once: ``File size
+limit exceeded`` / ``File too large``), and ``_DiskWatch`` measures the writable layer of every sandbox of this
+process every ``disk_check_s`` (between commands too) and kills the user's processes when what the episode wrote
+passes ``disk_limit`` (``ExecResult.disk_full``); overlay2 on ext4 has no per-container quota to do it instead.
+Memory: a command, or one of its processes, killed by the cgroup's OOM killer sets ``ExecResult.oom_killed``
+(the memory cgroup's ``oom_kill`` counter, read by the exec wrapper after the command).
+
+Commands run as ``timeout -s KILL <t> sh -c <wrapper> sh <blocks> <shell> -c <cmd>`` (the wrapper sets the file
+size limit, merges stderr into stdout, in order, and reports the OOM counter on its own stderr): at the timeout the
+command's process group is killed
 and the container lives on (``ExecResult(exit_code=124, timed_out=True)``). Something that escaped the process
-group and still holds the output open is killed too, ``kill_grace_s`` later (``kill -9 -1`` inside). Output is
-read from the exec socket as it comes and capped (head + tail) so a command printing gigabytes costs the host
+group and still holds the output open is killed too, ``kill_grace_s`` later (``kill -9 -1`` as the user). Output
+is read from the exec socket as it comes and capped (head + tail) so a command printing gigabytes costs the host
 ``output_cap_bytes``. Containers carry the labels ``sao.owner=sao``, ``sao.owner_pid`` and ``sao.owner_host``;
 ``reap_orphans()`` removes those whose owner process is gone.
 
@@ -235,6 +250,7 @@ class DockerSandbox:
         self._on_close = on_close
         self._closed = False
         self.uid, self.gid = 0, 0  # of the commands' user, set by `_prepare_blocking`
+        self.workdir = cfg.workdir or AGENT_HOME  # default working directory of commands, set by `create`
         self._oom_seen = 0  # the memory cgroup's OOM-kill count after the last command
         self.disk_kills = 0  # times the disk watch killed the user's processes (written by its thread)
         self._disk_kills_told = 0
@@ -324,6 +340,9 @@ class DockerSandbox:
             raise SandboxError(f"container from {image!r} did not start: {e}") from e
         sb = cls(cfg, client, cid)
         try:
+            # The working directory: the configured one, else the image's WORKDIR, else the user's home.
+            image_workdir = api.inspect_container(cid)["Config"].get("WorkingDir") or ""
+            sb.workdir = cfg.workdir or (image_workdir if image_workdir not in ("", "/") else AGENT_HOME)
             sb._prepare_blocking()
         except BaseException:
             with contextlib.suppress(Exception):
@@ -334,7 +353,8 @@ class DockerSandbox:
 
     def _prepare_blocking(self) -> None:
         """As root, before any command: the user's numeric ids, its home, the working directory made its own."""
-        argv = ["sh", "-c", _PREPARE, "prepare", self.cfg.user, AGENT_HOME, self.cfg.workdir or ""]
+        workdir = "" if self.workdir == AGENT_HOME else self.workdir
+        argv = ["sh", "-c", _PREPARE, "prepare", self.cfg.user, AGENT_HOME, workdir]
         code, out = self._collect_blocking(argv, "0:0", None, timeout=600)
         ids = out.decode(errors="replace").strip().splitlines()
         if code != 0 or not ids or not re.fullmatch(r"\d+:\d+", ids[-1]):
@@ -421,7 +441,7 @@ class DockerSandbox:
         t0 = time.monotonic()
         blocks = str(max(1, self.cfg.disk_bytes // 512))
         argv = ["timeout", "-s", "KILL", f"{timeout:.3f}", "sh", "-c", _WRAPPER, "sh", blocks, *self.cfg.shell, cmd]
-        cwd = workdir or self.cfg.workdir or AGENT_HOME
+        cwd = workdir or self.workdir
         exec_id = self._exec_create(argv, cwd, self._user_env(env), self.cfg.user)
         sock = self._start_socket(exec_id)
         capper = OutputCapper(self.cfg.output_cap_bytes)

@@ -1,8 +1,9 @@
 """No reachable fix in any task image: every image the offline builder made is audited for the gold patch's files.
 
 What an agent could use to read the fix instead of finding it: git history or reflog, an object in the store that
-holds a fixed file, the package's own wheel or sdist anywhere in the image, or a copy of the fixed file elsewhere
-(site-packages, caches). Each check runs inside a container of the task image, as the agent would see it.
+holds a fixed file, or the fixed code anywhere else in the image, whatever its name: a copy (site-packages, caches,
+vendored), an archive holding one (the package's own wheel or sdist), stale bytecode. Each check runs inside a
+container of the task image, as the agent would see it.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from envs.swe.tasks.audit import audit_image, module_of, problems
+from envs.swe.tasks.audit import audit_image, problems
 from sandboxes.docker import tar_one
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(600)]
@@ -30,25 +31,35 @@ def test_every_task_image_holds_no_reachable_fix(offline_tasks: list[dict[str, A
         assert found["reflog_entries"] == 0 and not found["logs_dir"] and found["stash"] == 0, where
         assert found["post_image_ids_in_store"] == [], where
         assert found["unreachable_objects"] == 0, where
-        assert found["copies_of_fixed_files"] == [], where
-        assert found["package_archives"] == [], where
-        assert found["other_copies_of_its_modules"] == [], where  # e.g. pip/_vendor/six.py for six
-        assert found["pyc_in_testbed"] == 0 and not found["wheels_dir"] and not found["pip_cache"], where
+        assert found["fix_hunks"] >= 1 and found["files_scanned"] > 1000, where
+        assert found["copies_of_the_fix"] == [], where  # e.g. pip/_vendor/six.py in six tasks
+        assert found["bytecode_of_the_fix"] == [], where  # e.g. pip/_vendor/__pycache__/six.*.pyc
         assert problems(found, task) == [], where
 
 
-def test_the_audit_catches_a_leaky_image(offline_tasks: list[dict[str, Any]], docker_client: Any) -> None:
-    """The audit must be able to fail: an image with the old recipe's leaks (the fix one commit back, the
-    fixed file kept in a cache) is flagged on every count."""
+def _module_of(task: dict[str, Any]) -> str:
+    parts = str(task["sao_mutation"]["path"]).split("/")
+    return (parts[1:] if parts[0] == "src" else parts)[0].removesuffix(".py")
+
+
+def test_the_audit_refuses_copies_of_the_fix_and_accepts_namesakes(
+    offline_tasks: list[dict[str, Any]], docker_client: Any
+) -> None:
+    """Both ways: the fixed code one commit back, renamed in a cache, inside an archive with an innocent name and as
+    stale bytecode is refused; a same-name module with other code and a console-script launcher (what the name-based
+    audit took for copies in idna's image) are not."""
     task = offline_tasks[0]
-    package = task["repo"].split("/", 1)[1]
+    mod, path = _module_of(task), task["sao_mutation"]["path"]
+    pyc = f"import py_compile; py_compile.compile('{path}', cfile='/opt/stale/__pycache__/x.cpython-311.pyc')"
+    wheel = f"import zipfile; zipfile.ZipFile('/var/cache/blob.bin', 'w').write('{path}', 'pkg/renamed.py')"
     leak = (
         "cd /testbed && git apply /tmp/gold.diff && git add -A && git -c user.name=x -c user.email=x@x commit -qm fix"
-        " && mkdir -p /root/.cache/pip /wheels"
-        " && for f in $(git diff --name-only HEAD~1); do cp $f /root/.cache/pip/; done"
+        f" && mkdir -p /root/.cache/pip /opt/stale && cp {path} /root/.cache/pip/3f2a9c"
+        f' && python3 -c "{pyc}" && python3 -c "{wheel}"'
         " && git apply -R /tmp/gold.diff && git -c user.name=x -c user.email=x@x commit -qam bug"
-        f" && touch /wheels/{package}-0.1-py3-none-any.whl"
-        f" && mkdir -p /opt/x/_vendor && touch /opt/x/_vendor/{module_of(task)}.py"
+        f" && mkdir -p /opt/other && printf 'def unrelated():\\n    return 42\\n' > /opt/other/{mod}.py"
+        f" && printf '#!/opt/venv/bin/python3\\nimport sys\\nfrom {mod} import main\\nsys.exit(main())\\n'"
+        f" > /opt/venv/bin/{mod} && chmod +x /opt/venv/bin/{mod}"
     )
     container = docker_client.containers.run(
         task["image"], ["sleep", "infinity"], detach=True, network_mode="none", labels={"sao.role": "test-audit"}
@@ -56,18 +67,18 @@ def test_the_audit_catches_a_leaky_image(offline_tasks: list[dict[str, Any]], do
     try:
         patch = task["patch"] if task["patch"].endswith("\n") else task["patch"] + "\n"
         assert container.put_archive("/tmp", tar_one("gold.diff", patch.encode()))
-        assert container.exec_run(["bash", "-c", leak]).exit_code == 0
+        res = container.exec_run(["bash", "-c", leak])
+        assert res.exit_code == 0, res.output.decode()
         leaky = container.commit(repository="sao-test-leaky", tag="audit")
     finally:
         container.remove(force=True)
     try:
         found = audit_image(docker_client, {**task, "image": "sao-test-leaky:audit"})
-        assert found["commits_all"] == 3 and found["reflog_entries"] > 0 and found["wheels_dir"], found
+        assert found["commits_all"] == 3 and found["reflog_entries"] > 0, found
         assert found["post_image_ids_in_store"], found
-        assert any(p.startswith("/root/.cache/pip/") for p in found["copies_of_fixed_files"]), found
-        assert found["package_archives"] == [f"/wheels/{package}-0.1-py3-none-any.whl"], found
-        assert f"/opt/x/_vendor/{module_of(task)}.py" in found["other_copies_of_its_modules"], found
-        assert len(problems(found, task)) >= 8, problems(found, task)
+        assert sorted(found["copies_of_the_fix"]) == ["/root/.cache/pip/3f2a9c", "/var/cache/blob.bin!pkg/renamed.py"]
+        assert found["bytecode_of_the_fix"] == ["/opt/stale/__pycache__/x.cpython-311.pyc"], found
+        assert len(problems(found, task)) == 7, problems(found, task)
     finally:
         docker_client.images.remove(leaky.id, force=True)
 
