@@ -81,8 +81,20 @@ def _model_rows(bench: dict[str, Any]) -> tuple[list[str], list[str]]:
     return steps, mem
 
 
-def render(parts: dict[str, dict[str, Any]], bench: dict[str, Any], cases: list[dict[str, str]]) -> str:
-    """The report as markdown."""
+def log_tail(path: Path, n: int = 8) -> list[str]:
+    """The last ``n`` non-empty lines of a part's log (what the device tool's output tail should show of a failure)."""
+    if not path.is_file():
+        return []
+    return [x for x in path.read_text(errors="replace").splitlines() if x.strip()][-n:]
+
+
+def render(
+    parts: dict[str, dict[str, Any]],
+    bench: dict[str, Any],
+    cases: list[dict[str, str]],
+    tails: dict[str, list[str]] | None = None,
+) -> str:
+    """The report as markdown; ``tails``: the end of the log of each part that did not exit 0."""
     lines = [f"# GPU check ({bench.get('mode', '?')}: {bench.get('device', '?')})", ""]
     v = bench.get("versions", {})
     if v:
@@ -91,6 +103,8 @@ def render(parts: dict[str, dict[str, Any]], bench: dict[str, Any], cases: list[
     for name, p in parts.items():
         rc = "not run" if p["rc"] is None else ("timed out" if p["rc"] in TIMEOUT_RCS else str(p["rc"]))
         lines.append(f"| {name} | {rc} | {p['seconds']:.0f} |")
+    for name, tail in (tails or {}).items():
+        lines += ["", f"{name}.log ends:", "", "```", *tail, "```"]
     lines += ["", "| test | outcome | message |", "|---|---|---|"]
     lines += [f"| {c['test']} | {c['outcome']} | {c['message']} |" for c in cases] or ["| (no test results) | | |"]
     if "matmul" in bench:
@@ -144,7 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     bench: dict[str, Any] = json.loads(bench_path.read_text()) if bench_path.is_file() else {}
     cases = junit_cases(a.out / "tests.xml")
     good = ok(parts, bench, cases)
-    text = render(parts, bench, cases)
+    tails = {n: log_tail(a.out / f"{n}.log") for n, p in parts.items() if p["rc"] not in (0, None)}
+    text = render(parts, bench, cases, tails)
     (a.out / "gpu_check.md").write_text(text)
     summary = {"ok": good, "parts": parts, "tests": cases, "bench": bench}
     (a.out / "gpu_check.json").write_text(json.dumps(summary, indent=2))

@@ -12,7 +12,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from benchmarks.gpu_check import _time_for, with_torch_adam
 from benchmarks.gpu_check_flops import FlopShape, step_flops
-from benchmarks.gpu_check_report import junit_cases, ok, parse_parts, render
+from benchmarks.gpu_check_report import junit_cases, log_tail, ok, parse_parts, render
 from saocore.tiny_models import build_tiny_model
 
 
@@ -113,7 +113,9 @@ def test_report_lists_failures_skips_timeouts_and_the_head_dtype(tmp_path: Path)
     assert cases[1]["message"] == "AssertionError: moved nothing"
     parts = parse_parts("install=0:10 tests=124:150 bench=0:90")
     bench = _bench([STEP, {"tokens": 32768, "skipped": "OOM"}])
-    text = render(parts, bench, cases)
+    (tmp_path / "tests.log").write_text("collecting\n\nE   ImportError: no deepspeed\n")
+    text = render(parts, bench, cases, {"tests": log_tail(tmp_path / "tests.log", n=2)})
+    assert "tests.log ends:\n\n```\ncollecting\nE   ImportError: no deepspeed\n```" in text
     assert "| tests | timed out | 150 |" in text
     assert "| tests.a::test_bad | failed | AssertionError: moved nothing |" in text
     assert "| dense (357M) | 8192 | 500 | 50 | 200 | 200 | 50 | 16,384 | 0.310 | 20.00 |" in text
