@@ -343,6 +343,11 @@ class Config:
         return self.algorithm.critic
 
     @property
+    def policy_epochs(self) -> int:
+        """``trainer.ppo_epochs`` as resolved when the config loaded (the algorithm's own if it was null)."""
+        return self.trainer.ppo_epochs or 1
+
+    @property
     def dis_bounds(self) -> tuple[float, float]:
         """``(eps_low, eps_high)`` of the DIS band: the ``trainer.dis_band`` preset, or the custom eps."""
         t = self.trainer

@@ -135,11 +135,11 @@ class Learner:
             m.update(self._critic_steps(micro, adv))
             adv = self._advantages(full, micro, bad, m)
         if adv is None:  # non-finite critic values: nothing of this batch can be trusted
-            m.update(skipped_steps=float(self.cfg.trainer.ppo_epochs), trained_tokens=0.0)
+            m.update(skipped_steps=float(self.cfg.policy_epochs), trained_tokens=0.0)
             m["critic_skipped_steps"] = float(self.cfg.trainer.critic_updates_per_step)
             return m
         if self.cfg.trainer.skip_uniform_reward_batches and _uniform_rewards(full, bad):
-            m.update(skipped_steps=float(self.cfg.trainer.ppo_epochs), skipped_uniform_batches=1.0, trained_tokens=0.0)
+            m.update(skipped_steps=float(self.cfg.policy_epochs), skipped_uniform_batches=1.0, trained_tokens=0.0)
         else:
             m.update(self._policy_steps(micro, adv.advantages))
         if self.critic is not None and not critic_first:
@@ -250,22 +250,22 @@ class Learner:
         n_total, scale = token_scale(masks, self.grad_accum)
         m: dict[str, float] = {"masked_nonfinite_tokens": dist_utils.all_reduce_sum([bad])[0], "nonfinite_logp": 0.0}
         if n_total == 0:  # nothing left to train: no optimizer step (Adam's moments alone would still move weights)
-            return {**m, "skipped_steps": float(t.ppo_epochs), "trained_tokens": 0.0}
+            return {**m, "skipped_steps": float(self.cfg.policy_epochs), "trained_tokens": 0.0}
         if not t.entropy_coef and _no_signal(masks, advs):
             # every advantage is exactly 0 (e.g. GRPO groups that all earned the same reward): the loss has no
             # gradient, but an optimizer step would still move the weights by Adam's momentum, replaying earlier
             # updates batch after batch (measured: the collapse of GRPO in `sao bench stability`)
-            return {**m, "skipped_steps": float(t.ppo_epochs), "skipped_zero_advantage": 1.0, "trained_tokens": 0.0}
+            return {**m, "skipped_steps": float(self.cfg.policy_epochs), "skipped_zero_advantage": 1.0, "trained_tokens": 0.0}
         sums: dict[str, float] = {}
         skipped = 0
-        for _ in range(t.ppo_epochs):
+        for _ in range(self.cfg.policy_epochs):
             gn, was_skipped, bad_logp = self._policy_step(micro, masks, rollout, olds, advs, scale, sums)
             skipped += int(was_skipped)
             m["nonfinite_logp"] += bad_logp
             m["actor_grad_norm"] = gn
         keys = sorted(sums)
         for k, total in zip(keys, dist_utils.all_reduce_sum([sums[k] for k in keys]), strict=True):
-            m[k] = total / (n_total * t.ppo_epochs)
+            m[k] = total / (n_total * self.cfg.policy_epochs)
         m["skipped_steps"] = float(skipped)
         m["trained_tokens"] = n_total
         return m
