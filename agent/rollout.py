@@ -313,7 +313,7 @@ class EpisodeRunner:
         turns = _turn_limit(self.player)
         async with (
             self,
-            _progress(self.cfg.progress, total, turns) as bar,
+            _progress(self.cfg.progress, total, turns, self.cfg.concurrency) as bar,
             _counting_turns(self.player, bar),
             AioPool(size=self.cfg.concurrency) as pool,
         ):
@@ -373,10 +373,11 @@ class _progress(contextlib.AbstractAsyncContextManager["_Advance"]):
     """A progress line (or nothing): ``advance(traj)`` counts an episode and shows the mean reward and the infra
     errors; ``advance.turn()`` counts a turn of an episode in flight. The ETA is timed by turns: the expected total
     is ``total`` x the mean turns of finished episodes (the turn limit before any finished), so a line over 32
-    episodes that run at once moves and gives a sane ETA long before the first episode ends."""
+    episodes that run at once moves and gives a sane ETA long before the first episode ends (once the first wave of
+    turns, one per episode in flight, is done)."""
 
-    def __init__(self, enabled: bool, total: int | None, max_turns: int | None = None) -> None:
-        self.enabled, self.total, self.max_turns = enabled, total, max_turns
+    def __init__(self, enabled: bool, total: int | None, max_turns: int | None = None, concurrency: int = 1) -> None:
+        self.enabled, self.total, self.max_turns, self.concurrency = enabled, total, max_turns, concurrency
         self.n, self.reward, self.infra = 0, 0.0, 0
         self.turns, self.finished_turns = 0, 0
 
@@ -409,7 +410,9 @@ class _progress(contextlib.AbstractAsyncContextManager["_Advance"]):
         return Advance()
 
     def _work(self) -> None:
-        if not self.total:
+        # Episodes in flight share the engine, so their turns end in waves: a rate read before the first wave is
+        # over (one turn per episode in flight) is noise, and no ETA is better than a wild one.
+        if not self.total or self.turns < min(self.concurrency, self.total):
             return
         per_episode = self.finished_turns / self.n if self.n and self.finished_turns else self.max_turns
         if per_episode:

@@ -35,6 +35,7 @@ from agent.loop import AgentConfig
 from agent.rollout import ChatPlayer, Player, TokenPlayer
 from saocore.jsonl import iter_jsonl
 from saocore.paths import MODEL_ALIASES, resolve_model_path
+from trainer.run_folder import write_json_atomic
 
 SPEC_HELP = (
     "vllm:http://host:port[,http://...] | local:/path/to/checkpoint | hf:/path/to/checkpoint | smollm2 | "
@@ -289,10 +290,8 @@ def read_jsonl_records(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
 
 
 def write_json(path: Path, data: Any) -> None:
-    """Write JSON atomically (temp file + rename)."""
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
-    tmp.replace(path)
+    """Write JSON atomically and durably (``trainer.run_folder.write_json_atomic``)."""
+    write_json_atomic(path, data, indent=2)
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
-import os
 import random
 import shutil
 import signal
@@ -34,9 +33,14 @@ from trainer.ledger import Ledger, replay
 from trainer.metrics import MetricsWriter, plot_run
 from trainer.pipeline import Coordinator, Item, TaskSource
 from trainer.progress import TrainProgress
+from trainer.run_folder import (
+    checkpoint_paths,
+    commit_checkpoint,
+    latest_checkpoint,
+    latest_state,
+    refuse_existing_run,
+)
 from trainer.stopping import StopRequest, next_batch_or_stop
-
-STATE_FILE = "trainer_state.json"
 
 
 def _seed_all(seed: int) -> None:
@@ -61,44 +65,11 @@ def _set_rng_state(s: dict[str, Any]) -> None:
     torch.set_rng_state(torch.tensor(s["torch"], dtype=torch.uint8))
 
 
-def latest_checkpoint(run_dir: Path) -> Path | None:
-    """The checkpoint ``checkpoints/latest`` names, or (when that one is incomplete) the newest complete one."""
-    ckpts = run_dir / "checkpoints"
-    marker = ckpts / "latest"
-    if marker.exists():
-        p = ckpts / marker.read_text().strip()
-        if (p / STATE_FILE).exists():
-            return p
-    done = sorted(p for p in ckpts.glob("step_*") if (p / STATE_FILE).exists())
-    return done[-1] if done else None
-
-
-def _fsync_tree(root: Path) -> None:
-    """fsync every file and folder under ``root`` and ``root`` itself (a checkpoint survives a power cut)."""
-    for p in [*sorted(root.rglob("*"), reverse=True), root]:
-        fd = os.open(p, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-def _write_durably(path: Path, text: str) -> None:
-    with open(path, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-
-
 def prepare_run_dir(cfg: Config, resume: str | None) -> tuple[Config, Path, dict[str, Any] | None]:
     """Check the run dir before any work: a new run needs a fresh dir; a resume needs the same config."""
     if resume is None:
         run_dir = Path(cfg.run.dir)
-        if (run_dir / "trajectories.jsonl").exists() or (run_dir / "config.yaml").exists():
-            raise ConfigError(
-                f"run.dir {str(run_dir)!r} already holds a run; continue it with `sao train --resume {run_dir}` "
-                "or set run.dir to a new directory"
-            )
+        refuse_existing_run(run_dir, "train", "trajectories.jsonl")
         return cfg, run_dir, None
     run_dir = Path(resume)
     saved_path = run_dir / "config.yaml"
@@ -113,11 +84,7 @@ def prepare_run_dir(cfg: Config, resume: str | None) -> tuple[Config, Path, dict
         )
     saved.run.total_steps = cfg.run.total_steps
     saved.run.dir = str(run_dir)
-    ckpt = latest_checkpoint(run_dir)
-    state = json.loads((ckpt / STATE_FILE).read_text()) if ckpt else None
-    if state is not None:
-        state["_dir"] = str(ckpt)
-    return saved, run_dir, state
+    return saved, run_dir, latest_state(run_dir)
 
 
 def _load_tasks(cfg: Config) -> list[dict[str, Any]] | None:
@@ -306,10 +273,7 @@ class Trainer:
         the previous checkpoint stays the latest and loadable, and the run goes on."""
         import logging
 
-        name = f"step_{self.step:06d}"
-        ckpts = self.run_dir / "checkpoints"
-        ckpt, partial = ckpts / name, ckpts / f".{name}.partial"
-        shutil.rmtree(partial, ignore_errors=True)
+        ckpt, partial = checkpoint_paths(self.run_dir, self.step)
         try:
             res = self.lead({"cmd": "save", "dir": str(partial)})
             if not res["saved"] and "error" in res:
@@ -341,27 +305,12 @@ class Trainer:
                 "infra_error": coord.counters.infra_error,
             },
         }
-        marker = ckpts / "latest"
         try:
-            _write_durably(partial / STATE_FILE, json.dumps(state, default=_json_default))
-            _fsync_tree(partial)
-            shutil.rmtree(ckpt, ignore_errors=True)
-            os.replace(partial, ckpt)
-            _write_durably(marker.with_suffix(".tmp"), name)
-            os.replace(marker.with_suffix(".tmp"), marker)
-            fd = os.open(ckpts, os.O_RDONLY)
-            try:
-                os.fsync(fd)  # the renames
-            finally:
-                os.close(fd)
+            commit_checkpoint(partial, ckpt, state, self.cfg.run.keep_checkpoints)
         except OSError as e:
-            marker.with_suffix(".tmp").unlink(missing_ok=True)
             self._checkpoint_failed(partial, e)
             return
         self._saved_step = self.step
-        done = sorted(p for p in ckpts.glob("step_*") if (p / STATE_FILE).exists())
-        for old in done[: -self.cfg.run.keep_checkpoints]:
-            shutil.rmtree(old, ignore_errors=True)
 
     def _checkpoint_failed(self, partial: Path, e: OSError) -> None:
         from saocore.console import say
@@ -584,14 +533,6 @@ class Trainer:
             out["render_drift"] = float(np.mean(drift))
         out.update(m)
         return out
-
-
-def _json_default(o: Any) -> Any:
-    if isinstance(o, np.ndarray):
-        return o.tolist()
-    if isinstance(o, tuple):
-        return list(o)
-    return str(o)
 
 
 def train(config_path: str | None, overrides: list[str] | None = None, resume: str | None = None) -> Path:

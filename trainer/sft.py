@@ -10,9 +10,7 @@ resumable checkpoints (``--resume RUN_DIR``) and ``final/actor`` (a HF model dir
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import shutil
 import time
 from pathlib import Path
@@ -20,13 +18,13 @@ from typing import Any
 
 import torch
 
+from saocore.console import say
 from trainer import distributed as dist_utils
 from trainer.config import Config, ConfigError, config_diff, load_config, save_config
 from trainer.engine import make_engine
 from trainer.metrics import MetricsWriter, plot_run
+from trainer.run_folder import checkpoint_paths, commit_checkpoint, latest_checkpoint, latest_state, refuse_existing_run
 from trainer.sft_data import Example, bucketed_batches, load_examples, padding_fraction
-
-STATE_FILE = "sft_state.json"
 
 
 def _micro_tensors(rows: list[Example], pad_id: int) -> dict[str, torch.Tensor]:
@@ -128,21 +126,20 @@ class SFTRun:
         }
 
     def save(self) -> None:
-        """Collective: a resumable checkpoint (model + optimizer); the state file last marks it complete."""
-        name = f"step_{self.step:06d}"
-        ckpt = self.run_dir / "checkpoints" / name
-        self.engine.save_checkpoint(str(ckpt), tag="actor")
-        if not self.rank0:
-            return
-        tmp = ckpt / (STATE_FILE + ".tmp")
-        tmp.write_text(json.dumps({"step": self.step}))
-        os.replace(tmp, ckpt / STATE_FILE)
-        marker = self.run_dir / "checkpoints" / "latest"
-        marker.with_suffix(".tmp").write_text(name)
-        os.replace(marker.with_suffix(".tmp"), marker)
-        done = sorted(p for p in (self.run_dir / "checkpoints").glob("step_*") if (p / STATE_FILE).exists())
-        for old in done[: -self.cfg.run.keep_checkpoints]:
-            shutil.rmtree(old, ignore_errors=True)
+        """Collective: a resumable checkpoint (model + optimizer) written the run folder's durable way (a partial
+        folder, fsynced, renamed; ``trainer.run_folder``)."""
+        ckpt, partial = checkpoint_paths(self.run_dir, self.step)
+        dist_utils.barrier()  # every rank sees the emptied partial folder before writing into it
+        self.engine.save_checkpoint(str(partial), tag="actor")
+        dist_utils.barrier()  # every rank's partition is in before rank 0 renames the folder
+        if self.rank0:
+            try:
+                commit_checkpoint(partial, ckpt, {"step": self.step}, self.cfg.run.keep_checkpoints)
+            except OSError as e:
+                shutil.rmtree(partial, ignore_errors=True)
+                say(f"sft step {self.step}: checkpoint not written ({e}); the latest stays "
+                    f"{latest_checkpoint(self.run_dir)}")  # fmt: skip
+        dist_utils.barrier()
 
     def export(self, out: Path) -> None:
         """Collective: the trained actor as a HF model dir (with the tokenizer) on rank 0."""
@@ -199,18 +196,6 @@ class _Progress:
         self._line.close()
 
 
-def _latest_state(run_dir: Path) -> dict[str, Any] | None:
-    marker = run_dir / "checkpoints" / "latest"
-    if not marker.exists():
-        return None
-    ckpt = run_dir / "checkpoints" / marker.read_text().strip()
-    if not (ckpt / STATE_FILE).exists():
-        return None
-    state: dict[str, Any] = json.loads((ckpt / STATE_FILE).read_text())
-    state["_dir"] = str(ckpt)
-    return state
-
-
 def run_sft(cfg: Config, run_dir: Path, resume: bool = False) -> dict[str, float]:
     """SFT with ``cfg`` into ``run_dir`` (a new dir, or the same run's dir when ``resume``)."""
     if not cfg.sft.data:
@@ -222,7 +207,7 @@ def run_sft(cfg: Config, run_dir: Path, resume: bool = False) -> dict[str, float
         list(cfg.sft.data), load_tokenizer(cfg), min_reward=cfg.sft.min_reward, max_len=cfg.sft.max_len
     )
     dist_utils.init_distributed()
-    state = _latest_state(run_dir) if resume else None
+    state = latest_state(run_dir) if resume else None
     if dist_utils.rank() == 0:
         run_dir.mkdir(parents=True, exist_ok=True)
         save_config(cfg, run_dir / "config.yaml")
@@ -255,9 +240,5 @@ def sft(
     else:
         cfg = load_config(config_path, overrides)  # type: ignore[arg-type]
         run_dir = Path(cfg.run.dir)
-        if (run_dir / "config.yaml").exists():
-            raise ConfigError(
-                f"run.dir {str(run_dir)!r} already holds a run; continue it with `sao sft --resume {run_dir}` or "
-                "set run.dir to a new directory"
-            )
+        refuse_existing_run(run_dir, "sft")
     return run_dir, run_sft(cfg, run_dir, resume is not None)

@@ -34,17 +34,9 @@ from typing import Any
 from agent.records import Trajectory
 from trainer import distributed as dist_utils
 from trainer.config import Config, ConfigError, save_config
+from trainer.run_folder import latest_checkpoint, write_json_atomic
 
 DONE = "done.json"
-
-
-def _write_json(path: Path, obj: Any) -> None:
-    tmp = path.with_suffix(".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def _agent_cfg(cfg: Config, temperature: float) -> Any:
@@ -258,7 +250,7 @@ def train_stage(cfg: Config, model_dir: str, out: Path) -> dict[str, Any]:
     import shutil
 
     from trainer.metrics import read_metrics
-    from trainer.run import latest_checkpoint, train
+    from trainer.run import train
 
     c = copy.deepcopy(cfg)
     c.stages = []
@@ -357,7 +349,7 @@ def run_stages(cfg: Config, resume: str | None) -> Path:
             res["cpu_s"] = _cpu_s() - cpu0
             res["load_avg"] = os.getloadavg()[0]
             if rank0:
-                _write_json(done, res)
+                write_json_atomic(done, res)
             dist_utils.barrier()
             _release_memory()
         every.append(res)
@@ -446,7 +438,7 @@ def _report(
     table += _dynamics_text(every)
     text = f"# {run_dir.name}: stages {cfg.stages}\n\n{table}\n\nwall time {wall_s / 60:.1f} min\n"
     (run_dir / "summary.md").write_text(text)
-    _write_json(run_dir / "summary.json", {"evals": results, "stages": every, "wall_s": wall_s})
+    write_json_atomic(run_dir / "summary.json", {"evals": results, "stages": every, "wall_s": wall_s})
     print("\n" + table + f"\n\nstaged run finished in {wall_s / 60:.1f} min: {run_dir}/summary.md", flush=True)
     if cfg.run.plot and results:
         plot_stages(run_dir, results)

@@ -121,7 +121,7 @@ def test_sandbox_host_kill_then_driver_kill_then_resume(
 ) -> None:
     import ray
 
-    from trainer.run import latest_checkpoint
+    from trainer.run_folder import latest_checkpoint
 
     run_dir, log = tmp_path / "run", tmp_path / "sao.log"
     cfg_file = tmp_path / "cfg.yaml"

@@ -18,7 +18,8 @@ def test_nonfinite_weights_leave_the_last_good_checkpoint_latest(deepspeed_env: 
     from trainer import distributed
     from trainer.ledger import Ledger
     from trainer.pipeline import Coordinator, TaskSource
-    from trainer.run import Trainer, latest_checkpoint
+    from trainer.run import Trainer
+    from trainer.run_folder import latest_checkpoint
 
     distributed.init_distributed()
     cfg = load_config(ROOT / "configs" / "toy.yaml", [f"run.dir={tmp_path}", "run.tensorboard=false"])

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.conftest import cli_env
 
@@ -18,7 +19,8 @@ ROOT = Path(__file__).resolve().parents[3]
 TINY = [
     "collect.n=4", "sft.steps=2", "sft.batch_size=4", "eval.n=2", "eval.concurrency=2", "run.total_steps=1",
     "run.save_every=1", "trainer.batch_size=2", "rollout.concurrency=2", "rollout.buffer_size=2",
-    "deepspeed.micro_batch_size=2", "run.progress=false",
+    "deepspeed.micro_batch_size=2", "run.progress=false", "pretrain_value.rollouts=4", "pretrain_value.epochs=1",
+    "pretrain_value.concurrency=2", "trainer.critic_warmup_steps=1",
 ]  # fmt: skip
 
 
@@ -34,7 +36,7 @@ def test_staged_quickstart_runs_every_stage_and_prints_the_table(
     )  # fmt: skip
     assert res.returncode == 0, res.stderr[-4000:]
     stages = sorted(p.name for p in run.iterdir() if p.is_dir() and p.name[:2].isdigit())
-    assert stages == ["00_collect", "01_sft", "02_eval", "03_train", "04_eval"]
+    assert stages == ["00_collect", "01_sft", "02_eval", "03_pretrain_value", "04_train", "05_eval"]
     collected = json.loads((run / "00_collect" / "done.json").read_text())
     assert collected["solved"] == collected["episodes"] == 4  # the solver's tool episodes, graded by the env
     first = json.loads((run / "00_collect" / "trajectories.jsonl").read_text().splitlines()[0])
@@ -46,6 +48,17 @@ def test_staged_quickstart_runs_every_stage_and_prints_the_table(
     assert all(e["episodes"] + e["infra_errors"] == 2 for e in summary["evals"])
     assert "| after SFT |" in res.stdout and "| after RL |" in res.stdout
     assert (run / "plots" / "stages.png").stat().st_size > 0
-    assert (run / "03_train" / "final" / "actor" / "model.safetensors").exists()
-    assert [json.loads(x)["step"] for x in (run / "03_train" / "metrics.jsonl").read_text().splitlines()] == [1]
+    # value pretraining ran on the SFT policy's own rollouts and its critic started the RL stage
+    pv = json.loads((run / "03_pretrain_value" / "done.json").read_text())
+    assert pv["rollouts"] == 4 and pv["held_out_trajectories"] >= 1 and pv["critic_steps"] == 1
+    assert "held_out_ev_after" in pv and "value pretraining:" in res.stdout
+    sft_model = json.loads((run / "01_sft" / "done.json").read_text())["model"]
+    pv_traj = [json.loads(x) for x in (run / "03_pretrain_value" / "trajectories.jsonl").read_text().splitlines()]
+    assert len(pv_traj) == 4 and all(t["env_id"] == "sao/PythonTool-v0" for t in pv_traj)
+    train_cfg = yaml.safe_load((run / "04_train" / "config.yaml").read_text())
+    assert train_cfg["critic"]["init"] == pv["critic"] and train_cfg["model"]["path"] == sft_model
+    assert len((run / "04_train" / "critic_warmup.jsonl").read_text().splitlines()) == 1
+    assert (run / "04_train" / "final" / "actor" / "model.safetensors").exists()
+    assert [json.loads(x)["step"] for x in (run / "04_train" / "metrics.jsonl").read_text().splitlines()] == [1]
+    assert "uniform-reward batches" in res.stdout  # the RL dynamics line under the table
     print(f"tiny staged quickstart wall time {time.time() - t0:.0f}s")

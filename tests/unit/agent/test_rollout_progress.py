@@ -38,11 +38,13 @@ async def test_eta_is_timed_by_turns_while_every_episode_is_in_flight(monkeypatc
 
     clock = [100.0]
     monkeypatch.setattr(console.time, "monotonic", lambda: clock[0])
-    prog = _progress(True, 32, max_turns=3)
+    prog = _progress(True, 32, max_turns=3, concurrency=32)
     advance = await prog.__aenter__()
     assert prog.bar.eta_s() is None  # nothing done yet: no rate
     clock[0] += 30.0
-    for _ in range(32):  # every episode's first turn, 30 s in
+    advance.turn()
+    assert prog.bar.eta_s() is None  # one turn of the first wave: no rate yet (it gave a 51-minute ETA)
+    for _ in range(31):  # every episode's first turn, 30 s in
         advance.turn()
     # 32 of 32 x 3 turns in 30 s: 64 turns left at that rate = 60 s (the count-based ETA would still be None)
     assert prog.bar.done == 0 and prog.bar.eta_s() == pytest.approx(60.0)

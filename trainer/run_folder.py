@@ -1,0 +1,124 @@
+"""The one owner of a run folder: refuse to overwrite a run, write JSON and text durably, write a checkpoint the
+power-cut-safe way (a hidden partial folder, fsynced, renamed, then ``latest``), and find the latest one.
+
+Used by ``sao train`` (``trainer.run``), ``sao sft`` (``trainer.sft``), staged runs (``trainer.stages``) and the
+evaluation CLIs (``benchmarks``), so every checkpoint and every summary file has the same durability.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from trainer.config import ConfigError
+
+STATE_FILE = "trainer_state.json"
+"""Written last into a checkpoint folder: its presence marks the checkpoint complete."""
+
+
+def refuse_existing_run(run_dir: Path, command: str, *markers: str) -> None:
+    """A new run needs a folder that holds no run (``config.yaml`` or one of ``markers``); the error says how to
+    continue the old one (``sao <command> --resume``) or where to go instead."""
+    for name in ("config.yaml", *markers):
+        if (run_dir / name).exists():
+            raise ConfigError(
+                f"run.dir {str(run_dir)!r} already holds a run; continue it with `sao {command} --resume {run_dir}` "
+                "or set run.dir to a new directory"
+            )
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(root: Path) -> None:
+    """fsync every file and folder under ``root`` and ``root`` itself (a checkpoint survives a power cut)."""
+    for p in [*sorted(root.rglob("*"), reverse=True), root]:
+        _fsync_dir(p)
+
+
+def write_text_durably(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` atomically: a temp file, flushed and fsynced, renamed over it, the folder fsynced."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def write_json_atomic(path: Path, obj: Any, indent: int | None = 1) -> None:
+    """``obj`` as JSON, written as ``write_text_durably`` does (values JSON cannot hold are written as text)."""
+    write_text_durably(path, json.dumps(obj, indent=indent, default=str) + "\n")
+
+
+def checkpoint_paths(run_dir: Path, step: int) -> tuple[Path, Path]:
+    """``(checkpoints/step_N, checkpoints/.step_N.partial)``; the partial folder is emptied for the writers."""
+    ckpts = run_dir / "checkpoints"
+    name = f"step_{step:06d}"
+    partial = ckpts / f".{name}.partial"
+    shutil.rmtree(partial, ignore_errors=True)
+    return ckpts / name, partial
+
+
+def commit_checkpoint(partial: Path, ckpt: Path, state: dict[str, Any], keep: int) -> None:
+    """Finish a checkpoint whose files are in ``partial``: the state file, every file fsynced, the folder renamed to
+    ``ckpt``, the ``latest`` marker moved to it, and all but the newest ``keep`` complete checkpoints removed. An
+    ``OSError`` (disk full, ...) leaves the previous checkpoint the latest; the caller drops ``partial``."""
+    ckpts = ckpt.parent
+    marker = ckpts / "latest"
+    try:
+        with open(partial / STATE_FILE, "w", encoding="utf-8") as f:
+            f.write(json.dumps(state, default=_json_default))
+            f.flush()
+            os.fsync(f.fileno())
+        fsync_tree(partial)
+        shutil.rmtree(ckpt, ignore_errors=True)
+        os.replace(partial, ckpt)
+        write_text_durably(marker, ckpt.name)
+    except OSError:
+        marker.with_name(marker.name + ".tmp").unlink(missing_ok=True)
+        raise
+    done = sorted(p for p in ckpts.glob("step_*") if (p / STATE_FILE).exists())
+    for old in done[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    """The checkpoint ``checkpoints/latest`` names, or (when that one is incomplete) the newest complete one."""
+    ckpts = run_dir / "checkpoints"
+    marker = ckpts / "latest"
+    if marker.exists():
+        p = ckpts / marker.read_text().strip()
+        if (p / STATE_FILE).exists():
+            return p
+    done = sorted(p for p in ckpts.glob("step_*") if (p / STATE_FILE).exists())
+    return done[-1] if done else None
+
+
+def latest_state(run_dir: Path) -> dict[str, Any] | None:
+    """The latest complete checkpoint's state (with ``_dir``, its folder), or None when there is none."""
+    ckpt = latest_checkpoint(run_dir)
+    if ckpt is None:
+        return None
+    state: dict[str, Any] = json.loads((ckpt / STATE_FILE).read_text())
+    state["_dir"] = str(ckpt)
+    return state
+
+
+def _json_default(o: Any) -> Any:
+    import numpy as np
+
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    if isinstance(o, tuple):
+        return list(o)
+    return str(o)
