@@ -51,7 +51,8 @@ def test_the_audit_refuses_copies_of_the_fix_and_accepts_namesakes(
     task = offline_tasks[0]
     mod, path = _module_of(task), task["sao_mutation"]["path"]
     pyc = f"import py_compile; py_compile.compile('{path}', cfile='/opt/stale/__pycache__/x.cpython-311.pyc')"
-    wheel = f"import zipfile; zipfile.ZipFile('/var/cache/blob.bin', 'w').write('{path}', 'pkg/renamed.py')"
+    # Deflated: only opening the archive shows the fixed code.
+    wheel = f"import zipfile as z; z.ZipFile('/var/cache/blob.bin', 'w', z.ZIP_DEFLATED).write('{path}', 'pkg/x.py')"
     leak = (
         "cd /testbed && git apply /tmp/gold.diff && git add -A && git -c user.name=x -c user.email=x@x commit -qm fix"
         f" && mkdir -p /root/.cache/pip /opt/stale && cp {path} /root/.cache/pip/3f2a9c"
@@ -76,9 +77,10 @@ def test_the_audit_refuses_copies_of_the_fix_and_accepts_namesakes(
         found = audit_image(docker_client, {**task, "image": "sao-test-leaky:audit"})
         assert found["commits_all"] == 3 and found["reflog_entries"] > 0, found
         assert found["post_image_ids_in_store"], found
-        assert sorted(found["copies_of_the_fix"]) == ["/root/.cache/pip/3f2a9c", "/var/cache/blob.bin!pkg/renamed.py"]
+        assert sorted(found["copies_of_the_fix"]) == ["/root/.cache/pip/3f2a9c", "/var/cache/blob.bin!pkg/x.py"]
         assert found["bytecode_of_the_fix"] == ["/opt/stale/__pycache__/x.cpython-311.pyc"], found
-        assert len(problems(found, task)) == 7, problems(found, task)
+        # HEAD, commits, reflog, fixed blobs, copies, bytecode; the namesakes are in neither list above.
+        assert len(problems(found, task)) == 6, problems(found, task)
     finally:
         docker_client.images.remove(leaky.id, force=True)
 
