@@ -315,6 +315,18 @@ def sao_steps(learner: Any, check: CheckConfig, device: Any, t_end: float, peak_
         save()
 
 
+def values_bf16_rounded(critic: Any, device: Any) -> bool:
+    """Whether the critic's values (float32 tensors) hold only bfloat16 numbers: true when its head computes in
+    bfloat16, whatever the head's storage dtype; float32 values of a float32 head almost never all are."""
+    import torch
+
+    vocab = critic.module.config.vocab_size
+    ids = torch.randint(0, vocab, (1, 64), generator=torch.Generator().manual_seed(0)).to(device)
+    with torch.no_grad():
+        v = critic(ids, torch.ones_like(ids)).float()
+    return bool(torch.equal(v, v.to(torch.bfloat16).float()))
+
+
 def check_model(name: str, check: CheckConfig, device: Any, t_end: float, peak_tflops: float, rec: dict[str, Any],
                 save: Callable[[], None]) -> None:  # fmt: skip
     """Build one actor + critic, then measure its logprob memory, the head's dtype and its SAO steps into ``rec``."""
@@ -334,6 +346,7 @@ def check_model(name: str, check: CheckConfig, device: Any, t_end: float, peak_t
     learner = make_learner(cfg, actor, critic, rec)
     assert learner.critic is not None
     rec["critic_head_dtype"] = str(learner.critic.module.value_head.weight.dtype).replace("torch.", "")
+    rec["critic_values_bf16_rounded"] = values_bf16_rounded(learner.critic, device)
     save()
     sao_steps(learner, check, device, t_end, peak_tflops, rec, save)
 

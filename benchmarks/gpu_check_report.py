@@ -126,14 +126,14 @@ def render(
         "|---|---|---|---|---|",
         *mem,
         "",
-        "| model | optimizer | critic head dtype before -> after deepspeed.initialize |",
-        "|---|---|---|",
+        "| model | optimizer | critic head dtype before -> after deepspeed.initialize | critic values bf16-rounded |",
+        "|---|---|---|---|",
     ]
     for name, rec in bench.get("models", {}).items():
         opt = rec.get("optimizer", "?") + (f" ({rec['optimizer_error'][:120]})" if "optimizer_error" in rec else "")
-        lines.append(
-            f"| {name} | {opt} | {rec.get('critic_head_dtype_before', '?')} -> {rec.get('critic_head_dtype', '?')} |"
-        )
+        dtypes = f"{rec.get('critic_head_dtype_before', '?')} -> {rec.get('critic_head_dtype', '?')}"
+        rounded = {True: "yes (the head computes in bf16)", False: "no"}.get(rec.get("critic_values_bf16_rounded"), "?")
+        lines.append(f"| {name} | {opt} | {dtypes} | {rounded} |")
     return "\n".join(lines) + "\n"
 
 

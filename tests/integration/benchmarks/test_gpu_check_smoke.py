@@ -40,7 +40,8 @@ def test_cpu_dry_run_measures_both_models_and_reports(tmp_path: Path) -> None:
         rec = bench["models"][name]
         assert "error" not in rec, rec.get("error")
         assert rec["critic_head_dtype_before"] == "float32"  # load_critic's float32 head, before DeepSpeed
-        assert rec["critic_head_dtype"] in ("float32", "bfloat16")
+        assert rec["critic_head_dtype"] in ("float32", "bfloat16")  # storage: DeepSpeed's bf16 casts it
+        assert rec["critic_values_bf16_rounded"] is False  # ValueModel computes its head in float32 (issue 23)
         assert [s["tokens"] for s in rec["steps"]] == bench["lengths"] == [128, 256]
         for s in rec["steps"]:
             ph = s["phases_s"]

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from benchmarks.gpu_check import _time_for, with_torch_adam
+from benchmarks.gpu_check import _time_for, values_bf16_rounded, with_torch_adam
 from benchmarks.gpu_check_flops import FlopShape, step_flops
 from benchmarks.gpu_check_report import junit_cases, log_tail, ok, parse_parts, render
 from saocore.tiny_models import build_tiny_model
@@ -90,6 +90,7 @@ def _bench(steps: list[dict[str, Any]]) -> dict[str, Any]:
                 "optimizer": "FusedAdam",
                 "critic_head_dtype_before": "float32",
                 "critic_head_dtype": "bfloat16",
+                "critic_values_bf16_rounded": False,
                 "logprob_memory": [{"tokens": 8192, "naive": 30 * 2**30, "chunked": 2**30, "backbone": 2**29}],
             }
         },
@@ -121,7 +122,7 @@ def test_report_lists_failures_skips_timeouts_and_the_head_dtype(tmp_path: Path)
     assert "| dense (357M) | 8192 | 500 | 50 | 200 | 200 | 50 | 16,384 | 0.310 | 20.00 |" in text
     assert "| dense (357M) | 32768 | OOM |" in text
     assert "| dense (357M) | 8192 | 30.00 | 1.00 | 0.50 |" in text
-    assert "| dense | FusedAdam | float32 -> bfloat16 |" in text
+    assert "| dense | FusedAdam | float32 -> bfloat16 | no |" in text
     assert "790 TFLOP/s" in text
     assert not ok(parts, bench, cases)
 
@@ -135,3 +136,25 @@ def test_verdict_needs_every_part_test_and_length() -> None:
     assert not ok(good_parts, full, [{"test": "t", "outcome": "error", "message": "x"}])
     assert not ok(parse_parts("install=1:0"), full, passed)
     assert not ok(good_parts, {}, passed)  # the bench wrote nothing
+
+
+def test_bf16_rounded_values_tell_a_bf16_head_from_a_float32_one() -> None:
+    from trainer.models import ValueModel
+
+    class Engine(torch.nn.Module):  # what the check reads of a DeepSpeed engine: .module and the forward
+        def __init__(self, module: torch.nn.Module) -> None:
+            super().__init__()
+            self.module = module
+
+        def forward(self, *a: Any) -> Any:
+            return self.module(*a)
+
+    class Bf16Head(ValueModel):  # the head as it ran before issue 23: in its (DeepSpeed-cast) storage dtype
+        def forward(self, input_ids: Any, attention_mask: Any, position_ids: Any = None) -> Any:
+            h = self.backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+            return self.value_head(h.to(self.value_head.weight.dtype)).squeeze(-1).float()
+
+    backbone = build_tiny_model("llama", vocab_size=512).model
+    cpu = torch.device("cpu")
+    assert not values_bf16_rounded(Engine(ValueModel(backbone, 64).to(torch.bfloat16)), cpu)
+    assert values_bf16_rounded(Engine(Bf16Head(backbone, 64).to(torch.bfloat16)), cpu)
