@@ -133,6 +133,37 @@ def sync(
     run(SyncBenchConfig(Path(out), model, rounds, buckets, timeout_s), echo=typer.echo)
 
 
+@app.command("microbatch")
+def microbatch(
+    out: str = typer.Option("runs/bench/microbatch", help="folder for microbatch.json and microbatch.png"),
+    trajectories: str = typer.Option("", help="e.g. RUN_DIR/trajectories.jsonl (default: synthetic SWE episodes)"),
+    n: int = typer.Option(8, help="trajectories in the batch"),
+    min_tokens: int = typer.Option(300, help="synthetic episodes: the shortest length (Pareto tail from here)"),
+    max_tokens: int = typer.Option(3000, help="synthetic episodes: the longest length"),
+    micro_batch_size: int = typer.Option(4, help="rows per micro batch (the row cut; the budget's row cap)"),
+    micro_batch_tokens: int = typer.Option(4096, help="the token budget of a micro batch"),
+    critic_steps: int = typer.Option(1, help="K critic steps in the learner step"),
+    checkpointing: bool = typer.Option(True, help="gradient checkpointing of the decoder layers"),
+    tiny: bool = typer.Option(False, "--tiny", help="a tiny random model instead of SmolLM2 (a smoke test)"),
+    threads: int = typer.Option(0, help="torch threads (0: torch's default)"),
+) -> None:
+    """Old row cut vs token-budget micro batches on the real learner step: padding, tokens/s, peak memory."""
+    from pathlib import Path
+
+    from benchmarks.bench_microbatch import MicrobatchBenchConfig, run
+
+    cfg = MicrobatchBenchConfig(
+        out=Path(out), trajectories=Path(trajectories) if trajectories else None,
+        model="tiny:llama" if tiny else "smollm2", n=n, min_tokens=min_tokens, max_tokens=max_tokens,
+        micro_batch_size=micro_batch_size, micro_batch_tokens=micro_batch_tokens, critic_steps=critic_steps,
+        gradient_checkpointing=checkpointing, threads=threads,
+    )  # fmt: skip
+    try:
+        run(cfg, echo=typer.echo)
+    except (ValueError, FileNotFoundError) as e:
+        raise typer.BadParameter(str(e)) from e
+
+
 def _csv(value: str) -> tuple[str, ...]:
     return tuple(v.strip() for v in value.split(",") if v.strip())
 
