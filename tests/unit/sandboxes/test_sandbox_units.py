@@ -160,3 +160,31 @@ def test_commands_default_to_an_unprivileged_user_and_a_disk_limit() -> None:
     cfg = SandboxConfig()
     assert cfg.user == "1000:1000" and cfg.disk_bytes == 1 << 30
     assert sandbox_config_from_dict({"disk_limit": "256m", "user": "nobody"}).disk_bytes == 256 << 20
+
+
+class _Box:
+    """What ``_DiskWatch.measured`` reads and writes of a sandbox; counts the kills it asks for."""
+
+    def __init__(self, limit: int) -> None:
+        self.cfg = SandboxConfig(disk_limit=limit)
+        self.disk_baseline: int | None = None
+        self.disk_killed_at: int | None = 0
+        self.disk_kills = 0
+
+    def _kill_all_blocking(self) -> None:
+        pass
+
+
+def test_disk_watch_kills_past_the_limit_only_while_growing() -> None:
+    from sandboxes.docker import _DiskWatch
+
+    mib = 1 << 20
+    box = _Box(10 * mib)
+    sizes = [5, 12, 20, 22, 22, 15, 18, 23, 30]  # MiB of the writable layer at each measurement
+    kills = []
+    for size in sizes:
+        _DiskWatch.measured(box, size * mib)  # type: ignore[arg-type]
+        kills.append(box.disk_kills)
+    # 5 is the baseline (what setup wrote); 20 is 15 past it: killed; 22 is what the killed writer left (no kill);
+    # 22, 15, 18 do not grow past it; 23 does: killed; 30 is the next post-kill measurement.
+    assert kills == [0, 0, 1, 1, 1, 1, 1, 2, 2]
