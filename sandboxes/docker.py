@@ -674,7 +674,7 @@ class DockerSandbox:
 
 class _DiskWatch:
     """One thread per daemon measuring the writable layer of this process's sandboxes (``SizeRw``, one API call
-    for all) every ``disk_check_s``. Bytes written since the first measurement are the sandbox's; past
+    for all) every ``disk_check_s``. Bytes written since the sandbox was ready are the episode's; past
     ``disk_limit``, and grown since the measurement that followed the last kill, every process of the commands'
     user is killed (the container and its files stay: the agent can read, delete and go on; only writing more
     is killed again). It runs while a sandbox lives, between commands too, so a writer left in the background is
@@ -697,6 +697,10 @@ class _DiskWatch:
             return watch
 
     def add(self, sb: DockerSandbox) -> None:
+        # The baseline now, before any command: what the image and the start wrote are not the episode's.
+        with contextlib.suppress(Exception):
+            rows = self.client.api.containers(filters={"id": sb.id}, size=True)
+            sb.disk_baseline = int(rows[0].get("SizeRw") or 0) if rows else None
         with self._lock:
             self.boxes[sb.id] = sb
             if self.thread is None or not self.thread.is_alive():
