@@ -14,7 +14,8 @@ problems, the default), a benchmark name (``aime24``, ``aime25``, ``imo_answerbe
 dataset (see ``envs.datasets``), or a list of task records.
 
 Sandbox: ``sandbox`` is a ``sandboxes.config.SandboxConfig`` or a dict of its fields (default: bwrap, no
-network, 1 GiB of memory and 1 GiB of disk, code run as the unprivileged uid 1000); ``sandbox_factory`` (a callable returning a Sandbox, or an awaitable of one) overrides it.
+network, 1 GiB of memory and 1 GiB of disk, code run as the unprivileged uid 1000); ``sandbox_factory`` (a
+callable returning a Sandbox, or an awaitable of one) overrides it.
 Docker sandboxes come from the episode runner's warm pool (``sandboxes.pool.acquire_sandbox``): a fresh
 container per episode, destroyed at its end, started ahead of time. The python tool tells the model how a cell
 ended when its output cannot: killed for memory, at the timeout or for the disk limit, a signal, an exit code
