@@ -1,0 +1,39 @@
+"""The SWE demonstrator in real Docker episodes: every offline task resolved through the env's own tools, the
+observations real tool output cut for a small context, the official harness's verdict as the reward."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.docker
+
+
+def test_the_demonstrator_resolves_every_task_with_real_observations(
+    offline_tasks: list[dict[str, Any]], smollm2_dir: Path
+) -> None:
+    from transformers import AutoTokenizer
+
+    from agent.engines.demonstrators import make_demonstrator
+    from agent.loop import AgentConfig
+    from agent.rollout import EpisodeRunner, RunnerConfig, TokenPlayer, env_factory, episodes_of
+
+    tok = AutoTokenizer.from_pretrained(str(smollm2_dir))
+    player = TokenPlayer(make_demonstrator("swe_demonstrator", tok, offline_tasks), tok, AgentConfig(4096, 320, 8))
+    make_env = env_factory("sao/SWE-v0", {"max_obs_lines": 12, "pass_to_pass_sample": 4})
+    runner = EpisodeRunner(make_env, player, RunnerConfig(2, progress=False))
+    got: list[Any] = []
+    asyncio.run(runner.run(episodes_of(offline_tasks), on_trajectory=got.append))
+    assert len(got) == len(offline_tasks) and all(t.status == "ok" for t in got), [t.info for t in got]
+    p2p = {r["instance_id"]: len(r["PASS_TO_PASS"]) for r in offline_tasks}
+    for t in got:
+        assert t.reward == 1.0 and t.info["solved"]
+        assert t.info["report"]["pass_to_pass_sampled"] == min(4, p2p[t.task_id])
+        assert [s.kind for s in t.segments][1::2] == ["action"] * t.info["turns"]
+        obs = [tok.decode(list(s.token_ids)) for s in t.segments if s.kind == "observation"]
+        assert "failed" in obs[0] and "passed" in obs[-1]  # the failing test reproduced, then fixed
+        assert all(len(o.splitlines()) <= 12 + 4 for o in obs)  # cut to max_obs_lines (+ the template's lines)
+    assert any("lines omitted ..." in tok.decode(list(t.token_ids)) for t in got)
