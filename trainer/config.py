@@ -83,6 +83,10 @@ class CriticConfig:
     weight_decay: float = 0.0
     value_clip: float | None = None
     """PPO-style value clipping around the values computed before the K critic steps; null disables it."""
+    gradient_clipping: float | None = 10.0
+    """Gradient-norm clip of the critic's optimizer (0 disables it; null = ``deepspeed.gradient_clipping``, the
+    actor's). Apart from the actor's on purpose: the critic's gradient norm runs at 4-27 in the quickstart, and a
+    public SAO port traced a collapse to a critic starved by the actor's clip of 1.0."""
 
 
 @dataclass
@@ -143,6 +147,10 @@ class TrainerConfig:
     """ppo (decoupled PPO): drop tokens whose behaviour weight pi_old / pi_rollout exceeds this; null = the
     algorithm's own (ppo: 2.0); ``.inf`` = no cap."""
     entropy_coef: float = 0.0
+    critic_warmup_steps: int = 0
+    """Critic-only updates before the first policy step: the first N batches train only the critic (K steps each;
+    the policy and its version stay put), so the first advantages come from a critic that has seen the policy's own
+    rollouts (the paper's ports use 10). Needs an algorithm whose spec declares ``critic_warmup``."""
     warmup_steps: int = 0
     """Linear learning-rate warmup of the actor over its first N optimizer steps (0 = none)."""
     normalize_advantages: bool = False
@@ -231,7 +239,7 @@ class DeepSpeedConfig:
     gradient_clipping: float = 1.0
 
 
-STAGES = ("collect", "sft", "eval", "train")
+STAGES = ("collect", "sft", "eval", "pretrain_value", "train")
 
 
 @dataclass
@@ -263,6 +271,22 @@ class CollectConfig:
     n: int = 64
     """Episodes to roll out, on the training tasks (``env.tasks``)."""
     concurrency: int = 4
+
+
+@dataclass
+class PretrainValueConfig:
+    """The ``pretrain_value`` stage: the critic's cold start on rollouts of the policy RL starts from."""
+
+    rollouts: int = 64
+    """Episodes of the current policy on training tasks (sampled at ``rollout.temperature``); a share of them
+    (``holdout``) is kept out of the fit to measure the critic's explained variance."""
+    holdout: float = 0.25
+    """Share of the rollouts (whole tasks) held out of the fit; the stage reports explained variance on them."""
+    epochs: int = 4
+    """Passes over the fit rollouts (batches of ``trainer.batch_size``, one critic optimizer step each)."""
+    lr: float | None = None
+    """The critic's learning rate while pretraining; null = ``critic.lr``."""
+    concurrency: int = 8
 
 
 @dataclass
@@ -329,6 +353,7 @@ class Config:
     sft: SFTConfig = field(default_factory=SFTConfig)
     collect: CollectConfig = field(default_factory=CollectConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    pretrain_value: PretrainValueConfig = field(default_factory=PretrainValueConfig)
     stages: list[str] = field(default_factory=list)
     """Run these stages in order under ``sao train`` (e.g. ``[collect, sft, eval, train, eval]``, see
     ``trainer/stages.py``); empty = RL training only."""
@@ -399,6 +424,11 @@ class Config:
             (t.lr > 0, "trainer.lr must be > 0"),
             (t.advantage_std_floor > 0, "trainer.advantage_std_floor must be > 0"),
             (t.warmup_steps >= 0, "trainer.warmup_steps must be >= 0 (0 = no warmup)"),
+            (t.critic_warmup_steps >= 0, "trainer.critic_warmup_steps must be >= 0 (0 = no critic-only warm-up)"),
+            (
+                self.critic.gradient_clipping is None or self.critic.gradient_clipping >= 0,
+                "critic.gradient_clipping must be >= 0 (0 disables clipping; null = deepspeed.gradient_clipping)",
+            ),
             (self.critic.lr > 0, "critic.lr must be > 0"),
             (t.max_staleness >= 0, "trainer.max_staleness must be >= 0 (0 = fully on-policy)"),
             (t.sync_every >= 1, "trainer.sync_every must be >= 1"),
@@ -496,6 +526,16 @@ class Config:
                 f"trainer.batch_size ({t.batch_size}) must be a multiple of trainer.group_size ({t.group_size}) "
                 f"for {spec.name} (it trains on whole groups); change one of them"
             )
+        if t.critic_warmup_steps and not (spec.critic and spec.critic_warmup):
+            raise ConfigError(
+                f"trainer.critic_warmup_steps ({t.critic_warmup_steps}): algorithm {spec.name!r} has no critic to "
+                "warm up (its spec does not declare critic_warmup); set trainer.critic_warmup_steps=0 or pick sao/ppo"
+            )
+        if "pretrain_value" in self.stages and not spec.critic:
+            raise ConfigError(
+                f"stages: pretrain_value trains a critic, but algorithm {spec.name!r} has none; drop the stage or "
+                "pick an algorithm with a critic (sao, ppo)"
+            )
         for check in spec.checks:
             msg = check(self)
             if msg:
@@ -503,7 +543,7 @@ class Config:
 
 
 def _stage_checks(cfg: Config) -> list[tuple[bool, str]]:
-    s, e = cfg.sft, cfg.eval
+    s, e, p = cfg.sft, cfg.eval, cfg.pretrain_value
     unknown = [x for x in cfg.stages if x not in STAGES]
     return [
         (not unknown, f"stages: unknown {unknown}; each stage is one of {list(STAGES)}"),
@@ -520,6 +560,13 @@ def _stage_checks(cfg: Config) -> list[tuple[bool, str]]:
         (e.n >= 1, "eval.n must be >= 1"),
         (e.temperature >= 0, "eval.temperature must be >= 0 (0 = greedy)"),
         (e.concurrency >= 1, "eval.concurrency must be >= 1"),
+        (p.rollouts >= 2, "pretrain_value.rollouts must be >= 2 (some to fit, some held out)"),
+        (0 < p.holdout < 1, "pretrain_value.holdout must be in (0, 1) (the share of rollouts kept out of the fit)"),
+        (p.epochs >= 1, "pretrain_value.epochs must be >= 1"),
+        (p.lr is None or p.lr > 0, "pretrain_value.lr must be > 0 (or null for critic.lr)"),
+        (p.concurrency >= 1, "pretrain_value.concurrency must be >= 1"),
+        ("pretrain_value" not in cfg.stages or "train" in cfg.stages[cfg.stages.index("pretrain_value"):],
+         "stages: pretrain_value warms the critic of a later train stage; put a train stage after it"),
     ]  # fmt: skip
 
 

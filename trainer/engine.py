@@ -25,7 +25,10 @@ from trainer.config import Config, ConfigError, DeepSpeedConfig
 from trainer.models import shifted_values
 
 
-def ds_config(cfg: Config, grad_accum: int, lr: float, weight_decay: float, warmup_steps: int = 0) -> dict[str, Any]:
+def ds_config(
+    cfg: Config, grad_accum: int, lr: float, weight_decay: float, warmup_steps: int = 0, clip: float | None = None
+) -> dict[str, Any]:
+    """``clip``: this engine's gradient-norm clip; None = ``deepspeed.gradient_clipping``."""
     d = cfg.deepspeed
     zero: dict[str, Any] = {"stage": d.zero_stage}
     if d.offload_optimizer:
@@ -36,7 +39,7 @@ def ds_config(cfg: Config, grad_accum: int, lr: float, weight_decay: float, warm
         "train_micro_batch_size_per_gpu": d.micro_batch_size,
         "gradient_accumulation_steps": grad_accum,
         "train_batch_size": d.micro_batch_size * grad_accum * dist_utils.world_size(),
-        "gradient_clipping": d.gradient_clipping,
+        "gradient_clipping": d.gradient_clipping if clip is None else clip,
         "bf16": {"enabled": d.bf16},
         "zero_optimization": zero,
         "steps_per_print": 10**9,
@@ -78,12 +81,18 @@ class FiniteAdamW(torch.optim.AdamW):
 
 
 def make_engine(
-    model: nn.Module, cfg: Config, grad_accum: int, lr: float, weight_decay: float, warmup_steps: int = 0
+    model: nn.Module,
+    cfg: Config,
+    grad_accum: int,
+    lr: float,
+    weight_decay: float,
+    warmup_steps: int = 0,
+    clip: float | None = None,
 ) -> Any:
     """A DeepSpeed engine; on CPU without offload a torch AdamW, so no CUDA/JIT optimizer op is built."""
     import deepspeed
 
-    conf = ds_config(cfg, grad_accum, lr, weight_decay, warmup_steps)
+    conf = ds_config(cfg, grad_accum, lr, weight_decay, warmup_steps, clip)
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
         raise ConfigError("no trainable parameters; check critic.freeze_attention and the model")

@@ -76,7 +76,15 @@ class _Advantages:
 class Learner:
     """Owns the actor/critic engines of this rank and trains on a global batch, of which it computes its shard."""
 
-    def __init__(self, cfg: Config, actor: nn.Module, critic: nn.Module | None, pad_token_id: int) -> None:
+    def __init__(
+        self,
+        cfg: Config,
+        actor: nn.Module,
+        critic: nn.Module | None,
+        pad_token_id: int,
+        allowed: torch.Tensor | None = None,
+    ) -> None:
+        """``allowed``: the token ids sampling was restricted to (``rollout.action_vocab``), for the recompute."""
         self.cfg = cfg
         t = cfg.trainer
         self.spec = cfg.algorithm
@@ -91,13 +99,14 @@ class Learner:
         self.ratio_bounds = cfg.dis_bounds if self.loss_traits.dis_band else (t.eps_low, t.eps_high)
         self.temperature = cfg.rollout.temperature
         self.actor = make_engine(actor, cfg, self.grad_accum, t.lr, t.weight_decay, t.warmup_steps)
+        c = cfg.critic
         self.critic = (
-            make_engine(critic, cfg, self.grad_accum, cfg.critic.lr, cfg.critic.weight_decay)
+            make_engine(critic, cfg, self.grad_accum, c.lr, c.weight_decay, clip=c.gradient_clipping)
             if critic is not None and self.spec.critic
             else None
         )
         self.pad_token_id = pad_token_id
-        self.allowed: torch.Tensor | None = None
+        self.allowed = allowed
         self.baseline = RunningMeanBaseline(decay=t.running_mean_momentum or None)
 
     # -- forward helpers -------------------------------------------------------------------------------------
@@ -122,10 +131,14 @@ class Learner:
         return shifted_values(self.critic(b.input_ids, b.attention_mask, b.position_ids))
 
     # -- the step --------------------------------------------------------------------------------------------
-    def train_step(self, trajs: list[Trajectory]) -> dict[str, float]:
-        """One policy version: advantages -> ``ppo_epochs`` policy steps -> K critic steps (see module doc)."""
+    def train_step(self, trajs: list[Trajectory], policy: bool = True) -> dict[str, float]:
+        """One policy version: advantages -> ``ppo_epochs`` policy steps -> K critic steps (see module doc).
+        ``policy=False``: a critic warm-up batch (``trainer.critic_warmup_steps``): the K critic steps only."""
         full, bad = self._collate(trajs)
-        m: dict[str, float] = {"nonfinite_rewards": float(len(bad))}
+        m: dict[str, float] = {
+            "nonfinite_rewards": float(len(bad)),
+            "uniform_reward_batch": float(_uniform_rewards(full, bad)),
+        }
         micro = shard_batch(full, self.cfg.deepspeed)
         adv = self._advantages(full, micro, bad, m)
         critic_first = self.critic is not None and self.cfg.trainer.update_order == "critic_first"
@@ -138,7 +151,9 @@ class Learner:
             m.update(skipped_steps=float(self.cfg.policy_epochs), trained_tokens=0.0)
             m["critic_skipped_steps"] = float(self.cfg.trainer.critic_updates_per_step)
             return m
-        if self.cfg.trainer.skip_uniform_reward_batches and _uniform_rewards(full, bad):
+        if not policy:
+            m.update(skipped_steps=0.0, critic_warmup=1.0, trained_tokens=0.0)
+        elif self.cfg.trainer.skip_uniform_reward_batches and _uniform_rewards(full, bad):
             m.update(skipped_steps=float(self.cfg.policy_epochs), skipped_uniform_batches=1.0, trained_tokens=0.0)
         else:
             m.update(self._policy_steps(micro, adv.advantages))
@@ -255,7 +270,12 @@ class Learner:
             # every advantage is exactly 0 (e.g. GRPO groups that all earned the same reward): the loss has no
             # gradient, but an optimizer step would still move the weights by Adam's momentum, replaying earlier
             # updates batch after batch (measured: the collapse of GRPO in `sao bench stability`)
-            return {**m, "skipped_steps": float(self.cfg.policy_epochs), "skipped_zero_advantage": 1.0, "trained_tokens": 0.0}
+            return {
+                **m,
+                "skipped_steps": float(self.cfg.policy_epochs),
+                "skipped_zero_advantage": 1.0,
+                "trained_tokens": 0.0,
+            }
         sums: dict[str, float] = {}
         skipped = 0
         for _ in range(self.cfg.policy_epochs):

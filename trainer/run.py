@@ -23,10 +23,10 @@ import numpy as np
 import torch
 
 from agent.engines.protocols import EngineError
-from agent.records import Trajectory
 from envs.registration import preflight
 from saocore.jsonl import append_jsonl
 from trainer import distributed as dist_utils
+from trainer.commands import Command, Export, PushWeights, Save, Saved, Stop, Train
 from trainer.config import Config, ConfigError, config_diff, load_config, save_config
 from trainer.learner import Learner
 from trainer.ledger import Ledger, replay
@@ -125,7 +125,9 @@ class _Session:
 class Trainer:
     """Everything one rank needs; ``run()`` trains until ``run.total_steps``."""
 
-    def __init__(self, cfg: Config, run_dir: Path, state: dict[str, Any] | None) -> None:
+    def __init__(self, cfg: Config, run_dir: Path, state: dict[str, Any] | None, cluster: Any = None) -> None:
+        """``cluster``: on rank 0 of ``cluster.backend=ray``, the placed engines and rollout workers
+        (``trainer.cluster.ray_backend.RayPlacement``); None: this process makes its own engine and runner."""
         from trainer.models import load_actor, load_critic, load_tokenizer
 
         self.cfg, self.run_dir, self.state = cfg, run_dir, state
@@ -138,11 +140,11 @@ class Trainer:
         # The in-process engine samples from its own copy, taken before DeepSpeed partitions (ZeRO-3) the actor.
         hf = cfg.rollout.engine == "hf" and self.rank0
         self.engine_model = copy.deepcopy(actor).eval() if hf else None
-        self.cluster: Any = None  # cluster.backend=ray: the placed engines and rollout workers (trainer.cluster)
+        self.cluster = cluster
         self._broadcast: Any = None  # rollout.weight_sync=broadcast: trainer.cluster.weights.BroadcastSync
-        self.learner = Learner(cfg, actor, critic, int(self.tokenizer.pad_token_id))
-        if self.allowed:
-            self.learner.allowed = torch.tensor(self.allowed, dtype=torch.long)
+        self._server: Any = None  # rollout.engine=vllm without vllm_urls: the run's own LocalVLLMServer
+        allowed = torch.tensor(self.allowed, dtype=torch.long) if self.allowed else None
+        self.learner = Learner(cfg, actor, critic, int(self.tokenizer.pad_token_id), allowed=allowed)
         self.step, self.version = 0, 0
         self.warmup_done = 0  # critic-only warm-up batches trained (trainer.critic_warmup_steps)
         if state is not None:
@@ -156,40 +158,40 @@ class Trainer:
         self.stopped: StopRequest | None = None
 
     # -- commands executed by every rank in the same order ----------------------------------------------------
-    def execute(self, msg: dict[str, Any]) -> dict[str, Any]:
-        cmd = msg["cmd"]
-        if cmd == "train":
-            trajs = [Trajectory.from_dict(d) for d in msg["trajs"]]
-            return self.learner.train_step(trajs, policy=bool(msg.get("policy", True)))
-        if cmd == "export":
-            sd = self.learner.gathered_state(self.learner.actor)
-            if sd is not None:
-                out = Path(msg["dir"])
-                self.learner.actor.module.save_pretrained(out, state_dict=sd, safe_serialization=True)
-            return {}
-        if cmd == "export_critic":
-            assert self.learner.critic is not None
-            sd = self.learner.gathered_state(self.learner.critic)
-            if sd is not None:
-                self.learner.critic.module.save(Path(msg["dir"]), state=sd)
-            return {}
-        if cmd == "save":
-            if not self.learner.params_finite():
-                return {"saved": False}  # the last good checkpoint stays the latest
-            try:
-                self.learner.save(Path(msg["dir"]))
-            except (OSError, RuntimeError) as e:  # disk full (torch.save reports ENOSPC as a RuntimeError), ...
-                return {"saved": False, "error": f"{type(e).__name__}: {e}"}  # the caller drops the partial folder
-            return {"saved": True}
-        if cmd == "push_weights":
-            from trainer.cluster.weights import push_command
+    def execute(self, cmd: Command) -> Any:
+        """Run one command on this rank (rank 0 gets its result: metrics, ``Saved``, push timings)."""
+        match cmd:
+            case Train(trajs, policy):
+                return self.learner.train_step(list(trajs), policy=policy)
+            case Export(out, critic):
+                engine = self.learner.critic if critic else self.learner.actor
+                assert engine is not None, "Export(critic=True) on an algorithm without a critic"
+                sd = self.learner.gathered_state(engine)
+                if sd is not None:
+                    if critic:
+                        engine.module.save(Path(out), state=sd)
+                    else:
+                        engine.module.save_pretrained(Path(out), state_dict=sd, safe_serialization=True)
+                return None
+            case Save(out):
+                if not self.learner.params_finite():
+                    return Saved(False)  # the last good checkpoint stays the latest
+                try:
+                    self.learner.save(Path(out))
+                except (OSError, RuntimeError) as e:  # disk full (torch.save reports ENOSPC as a RuntimeError), ...
+                    return Saved(False, f"{type(e).__name__}: {e}")  # the caller drops the partial folder
+                return Saved(True)
+            case PushWeights(plan):
+                from trainer.cluster.weights import push_command
 
-            return push_command(self.learner.actor.module, self._broadcast, msg, self.cfg.deepspeed.zero_stage == 3)
-        if cmd == "stop":
-            if self.cfg.run.param_digest:
-                self._write_digest(Path(msg["run_dir"]))
-            return {}
-        raise ValueError(f"unknown learner command {cmd!r}")
+                return push_command(
+                    self.learner.actor.module, self._broadcast, plan, self.cfg.deepspeed.zero_stage == 3
+                )
+            case Stop(run_dir):
+                if self.cfg.run.param_digest:
+                    self._write_digest(Path(run_dir))
+                return None
+        raise TypeError(f"not a learner command: {cmd!r}")
 
     def _write_digest(self, run_dir: Path) -> None:
         import hashlib
@@ -214,14 +216,15 @@ class Trainer:
         # SIGTERM goes to every rank; rank 0 turns it into a checkpoint and a stop command that all ranks execute.
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         while True:
-            msg = dist_utils.broadcast_object(None)
-            self.execute(msg)
-            if msg["cmd"] == "stop":
+            cmd = dist_utils.broadcast_object(None)
+            self.execute(cmd)
+            if isinstance(cmd, Stop):
                 return
 
-    def lead(self, msg: dict[str, Any]) -> dict[str, Any]:
-        dist_utils.broadcast_object(msg)
-        return self.execute(msg)
+    def lead(self, cmd: Command) -> Any:
+        """Rank 0: every rank executes ``cmd`` (a no-op broadcast with one rank); returns rank 0's result."""
+        dist_utils.broadcast_object(cmd)
+        return self.execute(cmd)
 
     # -- rank 0 -----------------------------------------------------------------------------------------------
     def _make_engine(self) -> Any:
@@ -243,7 +246,7 @@ class Trainer:
             from agent.engines.vllm_server import LocalVLLMServer
 
             weights = self.run_dir / "weights" / f"v{self.version:06d}"
-            self.lead({"cmd": "export", "dir": str(weights)})
+            self.lead(Export(str(weights)))
             self.tokenizer.save_pretrained(weights)
             self._server = LocalVLLMServer.start(
                 str(weights), log_path=str(self.run_dir / "vllm.log"), max_model_len=r.max_context_tokens
@@ -260,7 +263,7 @@ class Trainer:
             return float((await self._broadcast.sync(engine, self.version, self.lead))["sync_s"])
         t0 = time.perf_counter()
         out = self.run_dir / "weights" / f"v{self.version:06d}"
-        await asyncio.to_thread(self.lead, {"cmd": "export", "dir": str(out)})
+        await asyncio.to_thread(self.lead, Export(str(out)))
         await engine.update_weights(str(out), self.version)
         olds = sorted((self.run_dir / "weights").glob("v*"))[:-2]  # the engine may still read the previous one
         for old in olds:
@@ -275,13 +278,13 @@ class Trainer:
 
         ckpt, partial = checkpoint_paths(self.run_dir, self.step)
         try:
-            res = self.lead({"cmd": "save", "dir": str(partial)})
-            if not res["saved"] and "error" in res:
-                raise OSError(res["error"])
+            res = self.lead(Save(str(partial)))
+            if not res.saved and res.error is not None:
+                raise OSError(res.error)
         except OSError as e:
             self._checkpoint_failed(partial, e)
             return
-        if not res["saved"]:
+        if not res.saved:
             logging.getLogger(__name__).warning(
                 "step %d: the weights hold NaN/inf, checkpoint not written; the latest stays %s",
                 self.step,
@@ -340,7 +343,7 @@ class Trainer:
         finally:
             stop.uninstall()
         if stop.reason is not None:
-            self.lead({"cmd": "stop", "run_dir": str(self.run_dir)})
+            self.lead(Stop(str(self.run_dir)))
             self.stopped = stop
             return last
         await self._finish()
@@ -409,13 +412,13 @@ class Trainer:
                 return last
             while self.step < cfg.run.total_steps:
                 t0 = time.perf_counter()
-                server = getattr(self, "_server", None)
+                server = self._server
                 batch = await next_batch_or_stop(coord, t.batch_size, self.step + 1, stop, server)
                 if batch is None:
                     break
                 items: list[Item] = batch
                 t1 = time.perf_counter()
-                m = await asyncio.to_thread(self.lead, {"cmd": "train", "trajs": [i.traj.to_dict() for i in items]})
+                m = await asyncio.to_thread(self.lead, Train(tuple(i.traj for i in items)))
                 t2 = time.perf_counter()
                 self.step += 1
                 coord.trained(items, self.step)
@@ -426,7 +429,7 @@ class Trainer:
                     try:
                         sync_s = await self._sync_weights(s.engine)
                     except EngineError:
-                        stop.check_server(getattr(self, "_server", None))
+                        stop.check_server(self._server)
                         if stop.reason is None:
                             raise  # the servers are up and still refused: not a fault a resume fixes
                 if coord.synchronous:
@@ -450,11 +453,10 @@ class Trainer:
         n = t.critic_warmup_steps
         while self.warmup_done < n:
             t0 = time.perf_counter()
-            batch = await next_batch_or_stop(coord, t.batch_size, 0, stop, getattr(self, "_server", None))
+            batch = await next_batch_or_stop(coord, t.batch_size, 0, stop, self._server)
             if batch is None:
                 return False
-            trajs = [i.traj.to_dict() for i in batch]
-            m = await asyncio.to_thread(self.lead, {"cmd": "train", "trajs": trajs, "policy": False})
+            m = await asyncio.to_thread(self.lead, Train(tuple(i.traj for i in batch), policy=False))
             coord.trained(batch, 0)
             self.warmup_done += 1
             rec = {
@@ -473,7 +475,7 @@ class Trainer:
     async def _close(self, s: _Session) -> None:
         await s.coord.stop()
         await s.engine.close()
-        server = getattr(self, "_server", None)
+        server = self._server
         if server is not None:
             server.stop()
         s.ledger.close()
@@ -484,11 +486,11 @@ class Trainer:
         # The versioned weight dirs only fed the engine; final/ and the checkpoints hold what lasts.
         shutil.rmtree(self.run_dir / "weights", ignore_errors=True)
         final = self.run_dir / "final"
-        await asyncio.to_thread(self.lead, {"cmd": "export", "dir": str(final / "actor")})
+        await asyncio.to_thread(self.lead, Export(str(final / "actor")))
         self.tokenizer.save_pretrained(final / "actor")
         if self.learner.critic is not None:
-            await asyncio.to_thread(self.lead, {"cmd": "export_critic", "dir": str(final / "critic")})
-        self.lead({"cmd": "stop", "run_dir": str(self.run_dir)})
+            await asyncio.to_thread(self.lead, Export(str(final / "critic"), critic=True))
+        self.lead(Stop(str(self.run_dir)))
         if self.cfg.run.plot:
             plot_run(self.run_dir)
 

@@ -10,6 +10,7 @@ BUILTIN = (
         advantage="skip_obs_gae",
         policy_loss="dis",
         critic=True,
+        critic_warmup=True,
         summary="single rollout, asynchronous, DIS against the engine's logprobs, critic with K steps",
     ),
     AlgorithmSpec(
@@ -18,6 +19,7 @@ BUILTIN = (
         policy_loss="decoupled_ppo",
         critic=True,
         old_policy_recompute=True,
+        critic_warmup=True,
         summary="VAPO-style: critic, clip against an old-policy recompute, capped behaviour weight",
         # one epoch would clip against a recompute of the same weights (ratio exactly 1: the clip never acts)
         defaults=(("ppo_epochs", 2), ("behavior_weight_cap", 2.0)),

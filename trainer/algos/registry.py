@@ -233,8 +233,9 @@ class AlgorithmSpec:
     that clip against the proximal policy; ``grouped``: every prompt is rolled out ``trainer.group_size`` times and
     a batch holds whole groups; ``synchronous``: a batch's episodes start only after the previous batch was
     trained and synced (on-policy); ``max_staleness``: None keeps ``trainer.max_staleness``, a number overrides it
-    (0 = on-policy); ``defaults``: ``(trainer field, value)`` pairs that fill trainer fields left null (e.g.
-    ppo's epochs, without which its clip is inert); ``checks``: extra config checks, each
+    (0 = on-policy); ``critic_warmup``: ``trainer.critic_warmup_steps`` may train the critic alone on the first
+    batches (needs ``critic``); ``defaults``: ``(trainer field, value)`` pairs that fill trainer fields left null
+    (e.g. ppo's epochs, without which its clip is inert); ``checks``: extra config checks, each
     ``fn(cfg) -> error message or None``.
     """
 
@@ -246,6 +247,7 @@ class AlgorithmSpec:
     grouped: bool = False
     synchronous: bool = False
     max_staleness: int | None = None
+    critic_warmup: bool = False
     summary: str = ""
     defaults: tuple[tuple[str, Any], ...] = ()
     checks: tuple[Callable[[Any], str | None], ...] = ()

@@ -320,11 +320,12 @@ class TrainerRankImpl:
         )
         cfg = config_from_dict(cfg_dict)
         dist_utils.init_distributed()
-        trainer = Trainer(cfg, Path(run_dir), state)
+        rank0 = dist_utils.rank() == 0
+        assert placement is not None or not rank0
+        cluster = RayPlacement(*placement, env_id=cfg.env.id) if rank0 and placement is not None else None
+        trainer = Trainer(cfg, Path(run_dir), state, cluster=cluster)
         last: dict[str, Any] = {}
         if trainer.rank0:
-            assert placement is not None
-            trainer.cluster = RayPlacement(*placement, env_id=cfg.env.id)
             Path(run_dir).mkdir(parents=True, exist_ok=True)
             save_config(cfg, Path(run_dir) / "config.yaml")
             last = asyncio.run(trainer.lead_run())

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from agent.engines.weight_sync import BucketSender, SyncPlan, TensorSpec, WeightSyncError, dtype_name, plan_buckets
+from trainer.commands import PushWeights
 
 _LAYER = re.compile(r"^(.*?\.\d+)\.")
 
@@ -103,7 +104,7 @@ def push(module: torch.nn.Module, pg: Any, plan: SyncPlan, *, zero3: bool, devic
 class BroadcastSync:
     """Rank 0's end of ``rollout.weight_sync: broadcast``: one group per sync, the engines receive meanwhile.
 
-    ``lead`` runs a learner command on every rank (``Trainer.lead``); the command ``push_weights`` must call
+    ``lead`` runs a learner command on every rank (``Trainer.lead``); the command ``PushWeights`` must call
     ``push(actor_module, self.pg, plan, ...)`` on rank 0 and ``push(actor_module, None, plan, ...)`` elsewhere.
     """
 
@@ -150,7 +151,7 @@ class BroadcastSync:
             receiving.cancel()
             raise
         try:
-            out = await asyncio.to_thread(lead, {"cmd": "push_weights", "plan": plan.to_dict()})
+            out = await asyncio.to_thread(lead, PushWeights(plan))
         except BaseException:
             receiving.cancel()
             raise
@@ -162,12 +163,11 @@ class BroadcastSync:
 
 
 def push_command(
-    module: torch.nn.Module, syncer: BroadcastSync | None, msg: dict[str, Any], zero3: bool
+    module: torch.nn.Module, syncer: BroadcastSync | None, plan: SyncPlan, zero3: bool
 ) -> dict[str, float]:
-    """The learner command ``push_weights`` on any rank (rank 0 holds ``syncer`` with its group; others None)."""
+    """The learner command ``PushWeights`` on any rank (rank 0 holds ``syncer`` with its group; others None)."""
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
-    pg = syncer.pg if syncer is not None else None
-    return push(module, pg, SyncPlan.from_dict(msg["plan"]), zero3=zero3, device=device)
+    return push(module, syncer.pg if syncer is not None else None, plan, zero3=zero3, device=device)
 
 
 def _destroy_if_formed(fut: Any) -> None:
