@@ -52,6 +52,9 @@ class MicrobatchBenchConfig:
     micro_batch_size: int = 4
     micro_batch_tokens: int = 4096
     critic_steps: int = 1
+    layers: int = 0
+    """Keep only the first N decoder layers (0 = all): the same rows, widths and vocabulary at a fraction of the
+    depth, for a machine too busy for the whole model."""
     gradient_checkpointing: bool = True
     """As the SWE configs train (long rows); the rows' activations then scale with the positions of a micro batch
     through each layer's recompute and the kept layer inputs."""
@@ -178,7 +181,10 @@ def _child(cfg: MicrobatchBenchConfig, variant: str) -> dict[str, Any]:
     pad = int(load_tokenizer(tc).pad_token_id)
     full = collate(trajs, pad)
     micro = shard_batch(full, tc.deepspeed)
-    actor = load_actor(tc)
+    actor: Any = load_actor(tc)
+    if cfg.layers:
+        actor.model.layers = actor.model.layers[: cfg.layers]
+        actor.config.num_hidden_layers = cfg.layers
     learner = Learner(tc, actor, load_critic(tc, actor), pad)
     shortest = sorted(range(len(trajs)), key=lambda i: full.lengths[i])[:2]
     learner.train_step([trajs[i] for i in shortest])  # gradient buffers and moments now exist, libraries are set up
@@ -247,8 +253,10 @@ def _plot(rows: list[dict[str, Any]], title: str, path: Path) -> None:
 
 
 def _check(cfg: MicrobatchBenchConfig) -> None:
-    if cfg.n < 2 or cfg.micro_batch_size < 1 or cfg.micro_batch_tokens < 1 or cfg.critic_steps < 1:
-        raise ValueError("--n must be >= 2, --micro-batch-size, --micro-batch-tokens and --critic-steps >= 1")
+    if cfg.n < 2 or cfg.micro_batch_size < 1 or cfg.micro_batch_tokens < 1 or cfg.critic_steps < 1 or cfg.layers < 0:
+        raise ValueError(
+            "--n must be >= 2, --micro-batch-size, --micro-batch-tokens and --critic-steps >= 1, --layers >= 0"
+        )
     if not 1 <= cfg.min_tokens <= cfg.max_tokens:
         raise ValueError(f"need 1 <= --min-tokens <= --max-tokens, got {cfg.min_tokens} and {cfg.max_tokens}")
 
@@ -274,9 +282,10 @@ def run(cfg: MicrobatchBenchConfig, echo: Callable[[str], None] = print, png: bo
         "tokens_total": sum(lengths),
         "observation_share": obs / sum(lengths),
     }
+    depth = f" (first {cfg.layers} layers)" if cfg.layers else ""
     load = os.getloadavg()
     echo(
-        f"bench microbatch: {cfg.model}, {len(trajs)} trajectories of {lengths[0]}-{lengths[-1]} tokens (median "
+        f"bench microbatch: {cfg.model}{depth}, {len(trajs)} trajectories of {lengths[0]}-{lengths[-1]} tokens (median "
         f"{batch['tokens_median']}, observations {batch['observation_share']:.0%}), micro_batch_size "
         f"{cfg.micro_batch_size}, budget {cfg.micro_batch_tokens} tokens, K={cfg.critic_steps}; load "
         f"{load[0]:.1f} {load[1]:.1f} {load[2]:.1f}"
@@ -319,7 +328,7 @@ def run(cfg: MicrobatchBenchConfig, echo: Callable[[str], None] = print, png: bo
     write_json(path, result)
     if png:
         title = (
-            f"{cfg.model}: {len(trajs)} trajectories, {lengths[0]}-{lengths[-1]} tokens; row cut of "
+            f"{cfg.model}{depth}: {len(trajs)} trajectories, {lengths[0]}-{lengths[-1]} tokens; row cut of "
             f"{cfg.micro_batch_size} vs budget {cfg.micro_batch_tokens}"
         )
         _plot(rows, title, cfg.out / "microbatch.png")

@@ -57,6 +57,32 @@ def algos(
     )
 
 
+@app.command("value-fit")
+def value_fit(
+    config: str = typer.Argument(..., help="the run's config (its model, critic and trainer sections are used)"),
+    rollouts: str = typer.Option(
+        ..., help="trajectories of the policy (e.g. RUN_DIR/03_pretrain_value/trajectories.jsonl)"
+    ),
+    out: str = typer.Option("runs/bench/value_fit", help="folder for value_fit.json / value_fit.png"),
+    clips: str = typer.Option("1,10", help="comma-separated critic gradient clips to compare"),
+    lrs: str = typer.Option("", help="comma-separated critic learning rates (default: the config's)"),
+    epochs: int = typer.Option(4, help="passes over the fit rollouts"),
+    holdout: float = typer.Option(0.25, help="share of tasks held out"),
+) -> None:
+    """Value pretraining side by side: the critic's gradient clip / lr vs held-out explained variance."""
+    from pathlib import Path
+
+    from benchmarks.bench_value_fit import ValueFitConfig, run
+
+    run(
+        ValueFitConfig(
+            config=config, rollouts=rollouts, out=Path(out), clips=tuple(float(x) for x in _csv(clips)),
+            lrs=tuple(float(x) for x in _csv(lrs)), epochs=epochs, holdout=holdout,
+        ),
+        echo=typer.echo,
+    )  # fmt: skip
+
+
 @app.command("memory")
 def memory(
     out: str = typer.Option("runs/bench/memory", help="folder for memory.json and memory.png"),
@@ -144,6 +170,7 @@ def microbatch(
     micro_batch_tokens: int = typer.Option(4096, help="the token budget of a micro batch"),
     critic_steps: int = typer.Option(1, help="K critic steps in the learner step"),
     checkpointing: bool = typer.Option(True, help="gradient checkpointing of the decoder layers"),
+    layers: int = typer.Option(0, help="keep only the first N decoder layers (0 = all)"),
     tiny: bool = typer.Option(False, "--tiny", help="a tiny random model instead of SmolLM2 (a smoke test)"),
     threads: int = typer.Option(0, help="torch threads (0: torch's default)"),
 ) -> None:
@@ -156,7 +183,7 @@ def microbatch(
         out=Path(out), trajectories=Path(trajectories) if trajectories else None,
         model="tiny:llama" if tiny else "smollm2", n=n, min_tokens=min_tokens, max_tokens=max_tokens,
         micro_batch_size=micro_batch_size, micro_batch_tokens=micro_batch_tokens, critic_steps=critic_steps,
-        gradient_checkpointing=checkpointing, threads=threads,
+        layers=layers, gradient_checkpointing=checkpointing, threads=threads,
     )  # fmt: skip
     try:
         run(cfg, echo=typer.echo)

@@ -35,13 +35,14 @@ def test_bench_microbatch_smoke(tmp_path: Path, smollm2_dir: Path) -> None:
     out = tmp_path / "bench"
     cmd = [
         sys.executable, "-m", "sao_cli.main", "bench", "microbatch", "--tiny", "--trajectories", str(src),
-        "--n", "6", "--micro-batch-size", "2", "--micro-batch-tokens", "256", "--threads", "1", "--out", str(out),
+        "--n", "6", "--micro-batch-size", "2", "--micro-batch-tokens", "256", "--layers", "1", "--threads", "1",
+        "--out", str(out),
     ]  # fmt: skip
     res = subprocess.run(cmd, env=cli_env(), cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-4000:]
     doc = json.loads((out / "microbatch.json").read_text())
     rows, tokens = doc["variants"]["rows"], doc["variants"]["tokens"]
-    assert doc["batch"]["trajectories"] == 6 and doc["batch"]["source"] == str(src)
+    assert doc["batch"]["trajectories"] == 6 and doc["batch"]["source"] == str(src) and doc["config"]["layers"] == 1
     assert rows["micro_batch_tokens"] == 0 and tokens["micro_batch_tokens"] == 256
     assert rows["real_tokens"] == tokens["real_tokens"] == doc["batch"]["tokens_total"]
     assert rows["trained_action_tokens"] == tokens["trained_action_tokens"] > 0
