@@ -42,6 +42,7 @@ import contextlib
 import errno
 import os
 import posixpath
+import secrets
 import shutil
 import signal
 import tempfile
@@ -87,6 +88,7 @@ class BwrapSandbox:
         self.cfg = cfg
         self.bwrap = bwrap_path()
         self.host_workdir = Path(tempfile.mkdtemp(prefix="sao-bwrap-"))
+        self._marker = f"\036sao-started-{secrets.token_hex(8)}\n".encode()
         self._closed = False
 
     @classmethod
@@ -111,9 +113,12 @@ class BwrapSandbox:
         # `ulimit` before exec: the limits bind the command and all its children; they cannot raise them.
         # The shell (not bwrap) changes directory, so a missing workdir is the command's failure (exit 126, as
         # Docker reports it), not a sandbox failure.
-        wrapper = 'ulimit -v "$1" && ulimit -f "$2" || exit 126; cd "$3" || exit 126; shift 3; exec "$@"'
+        # The marker first: printed inside the jail, it says bwrap's setup is over, so a failure without it is
+        # bwrap's own (infra); one with it is the command's, whatever it prints (it cannot unprint the marker).
+        wrapper = 'printf "$1"; ulimit -v "$2" && ulimit -f "$3" || exit 126; cd "$4" || exit 126; shift 4; exec "$@"'
         cwd = workdir or self.cfg.workdir or WORK_MOUNT
-        args += ["/bin/sh", "-c", wrapper, "sh", str(kib), str(blocks), cwd, *self.cfg.shell, cmd]
+        args += ["/bin/sh", "-c", wrapper, "sh", self._marker.decode(), str(kib), str(blocks), cwd]
+        args += [*self.cfg.shell, cmd]
         return args
 
     async def exec(
@@ -146,9 +151,19 @@ class BwrapSandbox:
             used = self.disk_used()
             return used > self.cfg.disk_bytes and used > used_before
 
+        head = bytearray()  # the output until it shows whether it starts with the marker
+        started: bool | None = None
+
         async def pump() -> None:
+            nonlocal started
             assert proc.stdout is not None
             while chunk := await proc.stdout.read(256 * 1024):
+                if started is None:
+                    head.extend(chunk)
+                    if len(head) < len(self._marker) and self._marker.startswith(bytes(head)):
+                        continue
+                    started = head.startswith(self._marker)
+                    chunk = bytes(head[len(self._marker) :] if started else head)
                 capper.feed(chunk)
 
         async def watch_disk() -> None:
@@ -180,7 +195,9 @@ class BwrapSandbox:
             code = await proc.wait()
             timed_out = True
         out = capper.text()
-        if not timed_out and code != 0 and out.startswith("bwrap: "):
+        if started is None:  # the output ended before the marker was complete
+            capper.feed(bytes(head))
+        if not timed_out and code != 0 and not started:
             # bwrap itself failed (not the command): e.g. no user namespaces on this kernel.
             raise SandboxUnavailableError(f"bwrap cannot run here: {out.strip()[:500]}")
         return ExecResult(

@@ -12,7 +12,7 @@ import pytest
 
 from sandboxes.bwrap import BwrapSandbox
 from sandboxes.config import SandboxConfig
-from sandboxes.protocols import SandboxError
+from sandboxes.protocols import SandboxError, SandboxUnavailableError
 from tests._require import missing
 
 pytestmark = pytest.mark.timeout(120)
@@ -118,3 +118,16 @@ async def test_disk_limit_on_files_on_tmp_and_on_work() -> None:
             await box.write_file("/work/more.txt", "x" * (8 << 20))
         r = await box.exec("rm -f f*; echo cleaned", timeout=10)
         assert r.output == "cleaned\n" and not r.disk_full
+
+
+async def test_only_bwrap_itself_failing_is_an_infra_error(sb: BwrapSandbox) -> None:
+    """A command printing what bwrap prints when it fails is still the command's failure (it cannot make its
+    episode an infra error); bwrap failing to set up the jail is the infrastructure's."""
+    r = await sb.exec("echo 'bwrap: Creating new namespace failed'; exit 1", timeout=10)
+    assert (r.exit_code, r.output) == (1, "bwrap: Creating new namespace failed\n")
+    broken = BwrapSandbox(SandboxConfig(backend="bwrap", bwrap_ro_binds=("/no/such/dir",)))
+    try:
+        with pytest.raises(SandboxUnavailableError, match="Can't find source path"):
+            await broken.exec("echo hi", timeout=10)
+    finally:
+        await broken.close()
