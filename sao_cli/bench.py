@@ -60,9 +60,7 @@ def algos(
 @app.command("value-fit")
 def value_fit(
     config: str = typer.Argument(..., help="the run's config (its model, critic and trainer sections are used)"),
-    rollouts: str = typer.Option(
-        ..., help="trajectories of the policy (e.g. RUN_DIR/03_pretrain_value/trajectories.jsonl)"
-    ),
+    rollouts: str = typer.Option(..., help="trajectories of the policy (RUN_DIR/NN_pretrain_value/trajectories.jsonl)"),
     out: str = typer.Option("runs/bench/value_fit", help="folder for value_fit.json / value_fit.png"),
     clips: str = typer.Option("1,10", help="comma-separated critic gradient clips to compare"),
     lrs: str = typer.Option("", help="comma-separated critic learning rates (default: the config's)"),

@@ -142,6 +142,7 @@ def fit_critic(
     loss, ev, steps = float("nan"), float("nan"), 0
     curve: list[dict[str, float]] = []
     for epoch in range(epochs):
+        norms: list[float] = []  # the critic's gradient norm before its clip, per step
         order = list(range(len(fit)))
         rng.shuffle(order)
         for batch in _batches(fit, order, bs):
@@ -150,12 +151,14 @@ def fit_critic(
             rets = [_returns(b, cfg.trainer.gamma) for b in micro]
             n_total, scale = token_scale(masks, grad_accum)
             values: list[torch.Tensor] = []
-            total, _, _ = critic_step(critic, micro, masks, rets, None, None, scale, seen=values)
+            total, norm, _ = critic_step(critic, micro, masks, rets, None, None, scale, seen=values)
+            norms.append(norm)
             loss = dist_utils.all_reduce_sum([total])[0] / max(n_total, 1.0)
             ev = ev_from_parts(dist_utils.all_reduce_sum(ev_parts(values, rets, masks)))
             steps += 1
         held_ev = held_out_ev(critic, held, cfg, pad_id)
-        curve.append({"epoch": epoch + 1, "loss": loss, "fit_ev": ev, "held_out_ev": held_ev})
+        gn = sum(norms) / len(norms) if norms else float("nan")
+        curve.append({"epoch": epoch + 1, "loss": loss, "fit_ev": ev, "held_out_ev": held_ev, "grad_norm": gn})
         if dist_utils.rank() == 0:
             print(
                 f"value pretraining epoch {epoch + 1}/{epochs}: loss {loss:.4f} explained variance {ev:.3f} "
