@@ -29,6 +29,7 @@ from benchmarks.rl_bench_common import deep_update, load_yaml, print_table, writ
 
 SHARED_STAGES = ["collect", "sft", "eval"]
 ARM_STAGES = ["train", "eval"]
+"""An arm's stages unless its spec names its own (``stages: [pretrain_value, train, eval]`` for SAO's recipe)."""
 
 
 @dataclass
@@ -77,11 +78,14 @@ def build_configs(cc: ConfirmConfig) -> tuple[dict[str, Any], dict[str, dict[str
     sft_actor = cc.out / "shared" / f"{SHARED_STAGES.index('sft'):02d}_sft" / "final" / "actor"
     arms = {
         name: deep_update(
-            deep_update(base, arms_spec[name] or {}),
-            {"stages": ARM_STAGES, "model": {"path": str(sft_actor)}, "run": {"dir": str(cc.out / "arms" / name)}},
+            deep_update(base, {"stages": ARM_STAGES, **(arms_spec[name] or {})}),
+            {"model": {"path": str(sft_actor)}, "run": {"dir": str(cc.out / "arms" / name)}},
         )
         for name in names
     }
+    for name, arm in arms.items():
+        if arm["stages"][-2:] != ["train", "eval"]:
+            raise ValueError(f"{cc.config}: arm {name!r} stages {arm['stages']} must end with [train, eval]")
     return shared, arms
 
 
@@ -135,7 +139,10 @@ def arm_result(name: str, summary: dict[str, Any], sft_eval: dict[str, Any], run
     after = summary["evals"][-1]
     train = next(s for s in summary["stages"] if s.get("stage") == "train")
     diff, diff_se, n_pair = paired_difference(sft_eval["solved_by_task"], after["solved_by_task"])
-    rows = read_metrics(run_dir / f"{ARM_STAGES.index('train'):02d}_train")
+    rows = read_metrics(_stage_dir(run_dir, "train"))
+    pretrain = next((s for s in summary["stages"] if s.get("stage") == "pretrain_value"), None)
+    warmup = _stage_dir(run_dir, "train") / "critic_warmup.jsonl"
+    warm = [json.loads(x) for x in warmup.read_text().splitlines() if x.strip()] if warmup.exists() else []
     curve = {
         k: [r.get(k) for r in rows]
         for k in ("step", "success_rate", "reward_mean", "explained_variance", "trained_trajectories", "step_s")
@@ -160,14 +167,25 @@ def arm_result(name: str, summary: dict[str, Any], sft_eval: dict[str, Any], run
         "time_limited_sft": sft_eval.get("time_limited", 0),
         "time_limited_rl": after["time_limited"]
         if "time_limited" in after
-        else time_limited(run_dir / f"{ARM_STAGES.index('eval'):02d}_eval", int(after["episodes"])),
+        else time_limited(_stage_dir(run_dir, "eval"), int(after["episodes"])),
+        # rollouts that trained only the critic (value pretraining, warm-up batches): not in the policy's budget
+        "critic_only_rollouts": (int(pretrain["rollouts"]) if pretrain else 0)
+        + sum(int(w.get("trajectories", 0)) for w in warm),
+        "pretrain_held_out_ev": None if pretrain is None else pretrain.get("held_out_ev_after"),
         "curves": curve,
     }
 
 
+def _stage_dir(run_dir: Path, stage: str) -> Path:
+    """The arm's last folder of ``stage`` (``NN_stage``; the index depends on the arm's stages), or a path that
+    does not exist when the arm has none (readers of it say so)."""
+    found = sorted(run_dir.glob(f"[0-9][0-9]_{stage}"))
+    return found[-1] if found else run_dir / f"00_{stage}"
+
+
 def table_rows(results: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
     headers = ["arm", "success after SFT", "success after RL", "RL - SFT (paired)", "valid calls SFT -> RL",
-               "time-limited SFT / RL", "RL steps", "RL wall / CPU"]  # fmt: skip
+               "time-limited SFT / RL", "RL steps", "critic-only rollouts", "RL wall / CPU"]  # fmt: skip
     rows = []
     for r in results:
         d, se = r["paired_diff"], r["paired_diff_se"]
@@ -180,6 +198,7 @@ def table_rows(results: list[dict[str, Any]]) -> tuple[list[str], list[list[str]
             f"{r['valid_tool_call_sft']:.2f} -> {r['valid_tool_call_rl']:.2f}",
             f"{r.get('time_limited_sft', 0)} / {r.get('time_limited_rl', 0)}",
             str(r["rl_steps"]),
+            str(r.get("critic_only_rollouts", 0)),
             f"{(r['rl_wall_s'] or 0) / 60:.1f} min / {(r['rl_cpu_s'] or 0) / 60:.1f} min",
         ])  # fmt: skip
     return headers, rows
@@ -264,7 +283,7 @@ def run(cc: ConfirmConfig, echo: Callable[[str], None] = print) -> dict[str, Any
                 continue
             summaries[name] = json.loads((run_dir / "summary.json").read_text())
         else:
-            echo(f"== arm {name}: {ARM_STAGES} from the SFT checkpoint -> {run_dir}")
+            echo(f"== arm {name}: {cfg['stages']} from the SFT checkpoint -> {run_dir}")
             summaries[name] = staged_in_fresh_process(cfg, cc.overrides)
         results.append(arm_result(name, summaries[name], sft_eval, run_dir))
         r = results[-1]

@@ -40,7 +40,7 @@ from trainer.run_folder import (
     latest_state,
     refuse_existing_run,
 )
-from trainer.stopping import StopRequest, next_batch_or_stop
+from trainer.stopping import ServerWatch, StopRequest, next_batch_or_stop
 
 
 def _seed_all(seed: int) -> None:
@@ -155,7 +155,8 @@ class Trainer:
             _set_rng_state(state["rng"])
         self.checkpoint_failures = 0
         self._saved_step = self.step if state is not None else -1
-        self.stopped: StopRequest | None = None
+        self.stopped: StopRequest | None = None  # every rank: why the run stopped before its last step
+        self._watch: ServerWatch | None = None  # rank 0: the servers of rollout.vllm_urls, while the loop runs
 
     # -- commands executed by every rank in the same order ----------------------------------------------------
     def execute(self, cmd: Command) -> Any:
@@ -219,6 +220,9 @@ class Trainer:
             cmd = dist_utils.broadcast_object(None)
             self.execute(cmd)
             if isinstance(cmd, Stop):
+                if cmd.reason is not None:  # rank 0 stopped the run: this rank exits as rank 0 does
+                    self.stopped = StopRequest()
+                    self.stopped.request(cmd.reason, cmd.exit_code)
                 return
 
     def lead(self, cmd: Command) -> Any:
@@ -328,22 +332,30 @@ class Trainer:
 
     async def lead_run(self) -> dict[str, Any]:
         """Rank 0: set up the rollouts, train until ``run.total_steps``, then write the final weights. A stop request
-        (SIGTERM, the run's vLLM server dying: ``trainer.stopping``) ends the loop between steps with a checkpoint
-        and no final weights; ``self.stopped`` then says why."""
+        (SIGTERM, the run's vLLM server dying, the given servers not answering, the rollout side gone:
+        ``trainer.stopping``) ends the loop between steps with a checkpoint and no final weights; ``self.stopped``
+        then says why, on every rank."""
         stop = StopRequest()
         stop.install()
+        r = self.cfg.rollout
+        if r.engine == "vllm" and r.vllm_urls and r.server_grace_s > 0:
+            self._watch = ServerWatch(r.vllm_urls, r.server_grace_s, stop)
         try:
             session = await self._setup()
             try:
+                if self._watch is not None:
+                    self._watch.start()
                 last = await self._loop(session, stop)
                 if stop.reason is not None and self.step > self._saved_step:
                     await asyncio.to_thread(self._save, session.coord)
             finally:
+                if self._watch is not None:
+                    await self._watch.close()
                 await self._close(session)
         finally:
             stop.uninstall()
         if stop.reason is not None:
-            self.lead(Stop(str(self.run_dir)))
+            self.lead(Stop(str(self.run_dir), stop.reason, stop.exit_code))
             self.stopped = stop
             return last
         await self._finish()
@@ -388,6 +400,7 @@ class Trainer:
             staleness_policy=t.staleness_policy,
             sync_every=t.sync_every,
             batch_size=t.batch_size,
+            infra_stall_s=cfg.rollout.infra_stall_s,
             cursor=max(int(self.state["cursor"]) if self.state else 0, acc.max_task_index + 1),
             seq=acc.max_seq + 1,
         )
@@ -430,6 +443,8 @@ class Trainer:
                         sync_s = await self._sync_weights(s.engine)
                     except EngineError:
                         stop.check_server(self._server)
+                        if self._watch is not None:
+                            await self._watch.check_now()
                         if stop.reason is None:
                             raise  # the servers are up and still refused: not a fault a resume fixes
                 if coord.synchronous:
@@ -462,6 +477,7 @@ class Trainer:
             rec = {
                 "critic_warmup_step": self.warmup_done,
                 "of": n,
+                "trajectories": len(batch),
                 "success_rate": float(np.mean([bool(i.traj.info.get("solved", i.traj.reward > 0)) for i in batch])),
                 "step_s": time.perf_counter() - t0,
                 **m,
@@ -569,9 +585,10 @@ def train(config_path: str | None, overrides: list[str] | None = None, resume: s
     if trainer.stopped is not None:
         from saocore.console import say
 
-        say(
-            f"stopped at step {trainer.step}: {trainer.stopped.reason}; the latest checkpoint is "
-            f"{latest_checkpoint(run_dir)}. Continue with `sao train --resume {run_dir}`"
-        )
+        if trainer.rank0:
+            say(
+                f"stopped at step {trainer.step}: {trainer.stopped.reason}; the latest checkpoint is "
+                f"{latest_checkpoint(run_dir)}. Continue with `sao train --resume {run_dir}`"
+            )
         raise SystemExit(trainer.stopped.exit_code)
     return run_dir

@@ -25,11 +25,13 @@ def test_every_arm_starts_from_the_shared_sft_checkpoint_with_the_same_budget_an
     assert list(arms) == ["sao", "grpo", "running_mean"]
     sft_actor = str(tmp_path / "c" / "shared" / "01_sft" / "final" / "actor")
     for name, cfg in arms.items():
-        assert cfg["stages"] == ["train", "eval"]
+        # SAO's recipe pretrains its critic on extra (critic-only) rollouts; the policy's budget is the same
+        assert cfg["stages"] == (["pretrain_value", "train", "eval"] if name == "sao" else ["train", "eval"])
         assert cfg["model"]["path"] == sft_actor
         assert cfg["trainer"]["algorithm"] == name
+        assert cfg["trainer"]["critic_warmup_steps"] == (2 if name == "sao" else 0)
         assert cfg["eval"] == shared["eval"] and cfg["run"]["seed"] == shared["run"]["seed"]
-        assert cfg["run"]["total_steps"] * cfg["trainer"]["batch_size"] == 32
+        assert cfg["run"]["total_steps"] * cfg["trainer"]["batch_size"] == 64
         assert cfg["trainer"]["batch_size"] % cfg["trainer"]["group_size"] == 0
         assert cfg["env"] == shared["env"] and cfg["rollout"] == shared["rollout"]
     assert len({c["run"]["dir"] for c in arms.values()}) == 3
