@@ -45,9 +45,13 @@ class PushWeights:
 
 @dataclass(frozen=True)
 class Stop:
-    """The last command: ranks > 0 return from ``follow``; ``run_dir`` receives the parameter digest if asked."""
+    """The last command: ranks > 0 return from ``follow``; ``run_dir`` receives the parameter digest if asked.
+    ``reason``: why the run stopped before its last step (``trainer.stopping``), None when it finished; every rank
+    then exits with ``exit_code``."""
 
     run_dir: str
+    reason: str | None = None
+    exit_code: int = 0
 
 
 @dataclass(frozen=True)

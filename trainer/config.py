@@ -206,6 +206,15 @@ class RolloutConfig:
     sync_timeout_s: float = 120.0
     """broadcast: the longest wait for the engines to join and for each bucket; past it the sync fails with an error
     naming the step (never a hang)."""
+    server_grace_s: float = 120.0
+    """vllm_urls: the servers given are health-checked (``GET /health``) while the run trains; when none has
+    answered for longer than this many seconds the run stops with a checkpoint and exit 75 (restart them, then
+    ``sao train --resume``); 0: not watched. The run's own server is watched without a grace (its process exits)."""
+    infra_stall_s: float = 300.0
+    """The rollout side is gone when, for this many seconds, every episode that ended was an infra error, at least
+    max(16, 2 x concurrency) of them in a row (dead rollout workers, an engine or a Docker daemon that cannot serve):
+    the run then stops with a checkpoint and exit 75 instead of playing failing episodes forever; 0: never. (A run
+    whose episodes have all failed from its start stops at once with an error instead: that is its setup.)"""
 
 
 @dataclass
@@ -446,6 +455,8 @@ class Config:
                 "rollout.top_p=1.0 and rollout.top_k=0 and use rollout.temperature instead",
             ),
             (r.max_turns >= 1, "rollout.max_turns must be >= 1"),
+            (r.server_grace_s >= 0, "rollout.server_grace_s must be seconds >= 0 (0: the servers are not watched)"),
+            (r.infra_stall_s >= 0, "rollout.infra_stall_s must be seconds >= 0 (0: never stop on infra errors)"),
             (not r.action_vocab or r.engine == "hf", "rollout.action_vocab needs rollout.engine=hf; clear one of them"),
             (d.zero_stage in (0, 1, 2, 3), "deepspeed.zero_stage must be 0, 1, 2 or 3"),
             (d.micro_batch_size >= 1, "deepspeed.micro_batch_size must be >= 1"),

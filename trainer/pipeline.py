@@ -32,6 +32,7 @@ from typing import Any, Protocol
 from agent.records import Trajectory
 from agent.rollout import Episode, infra_error_trajectory
 from trainer.ledger import Ledger
+from trainer.stopping import InfraStreak, RolloutsLost
 
 
 class EpisodeSource(Protocol):
@@ -95,6 +96,7 @@ class Coordinator:
         staleness_policy: str = "wait",
         sync_every: int = 1,
         batch_size: int = 0,
+        infra_stall_s: float = 0.0,
     ) -> None:
         if staleness_policy not in STALENESS_POLICIES:
             raise ValueError(f"staleness_policy must be one of {STALENESS_POLICIES}, got {staleness_policy!r}")
@@ -116,6 +118,7 @@ class Coordinator:
         self.staleness_policy, self.sync_every = staleness_policy, sync_every
         self._flying: dict[int, int] = {}  # start version -> episodes in flight that started then
         self._batch_taken_at = -1  # the version whose batch was handed out last
+        self._infra_streak = InfraStreak(infra_stall_s, max(16, 2 * concurrency))  # rollout.infra_stall_s
 
     # -- producer ------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -298,12 +301,18 @@ class Coordinator:
         return out
 
     def _check_infra(self) -> None:
+        """Nothing but infra errors: from the start (a setup error: RuntimeError, a resume would fail the same way),
+        or for ``infra_stall_s`` after the run worked (the rollout side is gone: ``RolloutsLost``, a stop with a
+        checkpoint and exit 75)."""
         c = self.counters
-        if c.infra_error >= max(16, 2 * self.concurrency) and c.generated == c.infra_error:
+        if c.infra_error >= self._infra_streak.min_errors and c.generated == c.infra_error:
             raise RuntimeError(
                 f"every one of the {c.generated} episodes so far ended in an infra error; the last: "
                 f"{self._last_infra!r}. Fix the env/sandbox/engine setup (see trajectories.jsonl)"
             )
+        lost = self._infra_streak.observe(c.generated, c.infra_error)
+        if lost is not None:
+            raise RolloutsLost(f"{lost}; the last: {self._last_infra!r}")
 
     def trained(self, items: list[Item], step: int) -> None:
         self.counters.trained += len(items)

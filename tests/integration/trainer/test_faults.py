@@ -1,5 +1,6 @@
-"""Faults during a whole `sao train` run (subprocesses, toy model, real DeepSpeed): SIGTERM, disk full while
-checkpointing. Each ends with a resume whose trajectory accounting is exact, as after kill -9 (test_runs.py)."""
+"""Faults during a whole `sao train` run (subprocesses, toy model, real DeepSpeed): SIGTERM (one rank and two),
+disk full while checkpointing, the run's own vLLM server killed, a given server (`rollout.vllm_urls`) that stops
+answering. Each ends with a resume whose trajectory accounting is exact, as after kill -9 (test_runs.py)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from typing import Any
 import pytest
 
 from tests._require import missing
+from tests.conftest import free_port
 from tests.integration.trainer.test_runs import FAST, ROOT, _env, _sao, _steps
 
 pytestmark = [pytest.mark.deepspeed, pytest.mark.slow, pytest.mark.timeout(900)]
@@ -25,14 +27,21 @@ def _state(run: Path) -> dict[str, Any]:
     return dict(json.loads((ckpts / (ckpts / "latest").read_text().strip() / "trainer_state.json").read_text()))
 
 
-def _resume_and_check_the_books(run: Path, steps: int) -> None:
+def _resume_and_check_the_books(run: Path, steps: int, ranks: int = 1) -> None:
     from trainer.ledger import replay
 
-    res = subprocess.run(
-        _sao("train", "--resume", str(run)), env=_env(), cwd=ROOT, capture_output=True, text=True, timeout=600
-    )
-    assert res.returncode == 0, res.stderr[-3000:]
-    assert "checkpoint not written" not in res.stderr, res.stderr[-3000:]
+    if ranks == 1:
+        res = subprocess.run(
+            _sao("train", "--resume", str(run)), env=_env(), cwd=ROOT, capture_output=True, text=True, timeout=600
+        )
+        assert res.returncode == 0, res.stderr[-3000:]
+        err = res.stderr
+    else:
+        procs = _start_ranks(["train", "--resume", str(run)], ranks, run.parent / "resume")
+        codes = [p.wait(600) for p in procs]
+        err = _logs(run.parent / "resume", ranks)
+        assert codes == [0] * ranks, err
+    assert "checkpoint not written" not in err, err
     acc, _ = replay(run / "trajectories.jsonl")
     assert acc.balanced(), acc
     assert acc.double_trained == []
@@ -61,6 +70,51 @@ def test_sigterm_stops_cleanly_with_a_checkpoint_and_resume_continues(tmp_path: 
     assert not (run / "final").exists()
     assert not list((run / "checkpoints").glob(".*partial"))
     _resume_and_check_the_books(run, 6)
+
+
+def _start_ranks(args: list[str], ranks: int, logs: Path) -> list[subprocess.Popen[bytes]]:
+    """``sao train`` as ``ranks`` processes started the way srun starts them (one process per rank, the world in
+    RANK / WORLD_SIZE / MASTER_*), each writing its stdout + stderr to ``logs/rank<i>.log``."""
+    logs.mkdir(parents=True, exist_ok=True)
+    port, procs = free_port(), []
+    for rank in range(ranks):
+        world = {"RANK": str(rank), "WORLD_SIZE": str(ranks), "LOCAL_RANK": str(rank)}
+        env = {**_env(), **world, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+        with (logs / f"rank{rank}.log").open("wb") as out:
+            procs.append(subprocess.Popen(_sao(*args), env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT))
+    return procs
+
+
+def _logs(logs: Path, ranks: int) -> str:
+    return "\n".join(f"--- rank {r}:\n" + (logs / f"rank{r}.log").read_text()[-3000:] for r in range(ranks))
+
+
+def test_sigterm_to_both_of_two_ranks_stops_both_with_a_checkpoint_and_resume_continues(tmp_path: Path) -> None:
+    """A preemption signals every process of the job (scancel, a node drain): rank 0 checkpoints the step it is at
+    and tells rank 1 why the run stopped, so both exit 143 (a rank that exits 0 tells the scheduler the run is
+    done) and neither writes final weights; the resume on two ranks trains each step once."""
+    run, logs = tmp_path / "run", tmp_path / "first"
+    args = ["train", str(ROOT / "configs/toy.yaml"), f"run.dir={run}", "run.total_steps=5", "run.save_every=4", *FAST]
+    procs = _start_ranks(args, 2, logs)
+    try:
+        deadline = time.time() + 400
+        while time.time() < deadline and max(_steps(run), default=0) < 2:
+            assert all(p.poll() is None for p in procs), _logs(logs, 2)
+            time.sleep(0.2)
+        for p in procs:
+            p.send_signal(signal.SIGTERM)
+        codes = [p.wait(120) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    out = _logs(logs, 2)
+    assert codes == [128 + signal.SIGTERM] * 2, out
+    assert "run finished" not in out and "--resume" in (logs / "rank0.log").read_text(), out
+    stopped_at = max(_steps(run))
+    assert 2 <= stopped_at < 5 and _state(run)["step"] == stopped_at
+    assert not (run / "final").exists()
+    _resume_and_check_the_books(run, 5, ranks=2)
 
 
 @pytest.fixture()
