@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -209,3 +210,55 @@ def test_vllm_server_killed_mid_run_stops_cleanly_and_resume_continues(tmp_path:
     assert not _vllm_server_pids(run)
     _resume_and_check_the_books(run, 4)
     assert not _vllm_server_pids(run)
+
+
+# A stand-in for a vLLM server the user runs (rollout.vllm_urls): /health answers, every other request hangs.
+# What is tested is the run's watch of the servers it was given, not vLLM (test_vllm_server_killed_mid_run...
+# kills a real one); SIGSTOP then freezes it as a hung host does: connections open, nothing answers.
+_STUB = """
+import sys, time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+class H(BaseHTTPRequestHandler):
+    def do_GET(self):
+        with open(sys.argv[1], "a") as f:
+            f.write(self.path + "\\n")
+        if self.path != "/health":
+            time.sleep(3600)
+        self.send_response(200)
+        self.end_headers()
+    do_POST = do_GET
+    def log_message(self, *a):
+        pass
+ThreadingHTTPServer(("127.0.0.1", int(sys.argv[2])), H).serve_forever()
+"""
+
+
+def test_given_servers_that_stop_answering_stop_the_run_with_a_checkpoint(tmp_path: Path) -> None:
+    run, hits, port = tmp_path / "run", tmp_path / "hits.log", free_port()
+    stub = subprocess.Popen([sys.executable, "-c", _STUB, str(hits), str(port)])
+    url = f"http://127.0.0.1:{port}"
+    args = ["train", str(ROOT / "configs/toy.yaml"), f"run.dir={run}", "run.total_steps=4", *FAST]
+    args += ["rollout.engine=vllm", "rollout.action_vocab=[]", f"rollout.vllm_urls=[{url}]", "rollout.server_grace_s=3"]
+    proc = subprocess.Popen(_sao(*args), env=_env(), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.time() + 400
+        # the run is in its loop once episodes ask the server for its model
+        while time.time() < deadline and "/v1/models" not in (hits.read_text() if hits.exists() else ""):
+            assert proc.poll() is None, proc.stderr.read().decode()[-3000:] if proc.stderr else ""
+            time.sleep(0.2)
+        assert "/health" in hits.read_text(), "the run did not health-check the server it was given"
+        stub.send_signal(signal.SIGSTOP)
+        t0 = time.time()
+        _, err = proc.communicate(timeout=120)
+        took = time.time() - t0
+    finally:
+        stub.kill()
+        stub.wait()
+        if proc.poll() is None:
+            proc.kill()
+    print(f"stopped {took:.1f} s after the server froze (grace 3 s)")
+    assert proc.returncode == 75, err.decode()[-3000:]
+    msg = err.decode()
+    assert url in msg and "rollout.server_grace_s=3" in msg and "--resume" in msg, msg[-3000:]
+    assert _state(run)["step"] == 0  # a checkpoint of where it stopped (no step was trained)
+    assert not (run / "final").exists()
