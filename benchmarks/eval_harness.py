@@ -5,7 +5,8 @@ no duplicates) and raises ``EvalError`` naming the line and the fix. ``grade_wit
 instance records to ``<dir>/dataset.jsonl``, runs the harness in ``<dir>`` (its ``logs/run_evaluation/`` tree and
 report land there), and reads each instance's ``report.json``: resolved / unresolved (an empty patch, or a patch
 that did not apply, is unresolved) / infra_error (the harness produced no report for another reason). The run id
-is derived from the predictions, so a rerun reuses the harness's finished reports.
+is derived from the predictions, so a rerun reuses the harness's finished reports. ``sao eval swebench
+--grade-only`` (``benchmarks.eval_swebench.grade_only``) is built on these two.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.eval_common import EvalError, progress, write_json
+from benchmarks.eval_common import EvalError, progress
 from saocore.jsonl import iter_jsonl
 
 KEYS = ("instance_id", "model_name_or_path", "model_patch")
@@ -149,22 +150,3 @@ def grade_with_harness(
         "logs_dir": str(workdir / RUN_EVALUATION_LOG_DIR / run_id),
         "wall_s": round(time.perf_counter() - t0, 1),
     }
-
-
-def grade_only(predictions: Path, dataset: str, out: Path, *, workers: int = 2, split: str = "test") -> dict[str, Any]:
-    """``sao eval swebench --grade-only``: check the file, grade it with the harness, write ``report.json``."""
-    from benchmarks.eval_swebench import load_swe_dataset, summarize
-
-    records = load_swe_dataset(dataset, (), split)
-    preds = load_predictions(predictions, {r["instance_id"] for r in records}, dataset)
-    out.mkdir(parents=True, exist_ok=True)
-    h = grade_with_harness(preds, records, out / "harness", workers=workers)
-    rows = [
-        {"instance_id": i, "verdict": v, "resolved": v == "resolved", "error": h["errors"].get(i)}
-        for i, v in h["verdicts"].items()
-    ]
-    model = preds[0]["model_name_or_path"]
-    report = summarize(rows, [p["instance_id"] for p in preds], model=model, dataset=dataset)
-    report.update(predictions=str(predictions), grader="swebench.harness.run_evaluation", harness=h)
-    write_json(out / "report.json", report)
-    return report

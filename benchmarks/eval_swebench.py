@@ -29,6 +29,7 @@ from benchmarks.eval_common import (
     read_jsonl_records,
     write_json,
 )
+from benchmarks.eval_harness import grade_with_harness, load_predictions
 from envs.datasets import HUB_PROBE_TIMEOUT_S, hub_available
 
 OFFLINE_ALIAS = "offline"
@@ -162,8 +163,6 @@ async def run_swebench(cfg: SWEEvalConfig) -> dict[str, Any]:
     if cfg.harness and not preds:
         report["harness"] = None  # nothing finished without an infrastructure failure: nothing to grade
     elif cfg.harness:
-        from benchmarks.eval_harness import grade_with_harness
-
         chosen = [preds[i] for i in ids if i in preds]
         report["harness"] = grade_with_harness(chosen, records, out / "harness", workers=cfg.workers)
         ours = {r["instance_id"]: r["verdict"] for r in rows}
@@ -223,6 +222,23 @@ def summarize(
         "skipped_already_done": skipped,
         "instances": rows,
     }
+
+
+def grade_only(predictions: Path, dataset: str, out: Path, *, workers: int = 2, split: str = "test") -> dict[str, Any]:
+    """``sao eval swebench --grade-only``: check the file, grade it with the harness, write ``report.json``."""
+    records = load_swe_dataset(dataset, (), split)
+    preds = load_predictions(predictions, {r["instance_id"] for r in records}, dataset)
+    out.mkdir(parents=True, exist_ok=True)
+    h = grade_with_harness(preds, records, out / "harness", workers=workers)
+    rows = [
+        {"instance_id": i, "verdict": v, "resolved": v == "resolved", "error": h["errors"].get(i)}
+        for i, v in h["verdicts"].items()
+    ]
+    model = preds[0]["model_name_or_path"]
+    report = summarize(rows, [p["instance_id"] for p in preds], model=model, dataset=dataset)
+    report.update(predictions=str(predictions), grader="swebench.harness.run_evaluation", harness=h)
+    write_json(out / "report.json", report)
+    return report
 
 
 def print_summary(report: dict[str, Any]) -> None:

@@ -66,7 +66,7 @@ def swebench_cmd(
     ids = tuple(i.strip() for v in instances for i in v.split(",") if i.strip())
     try:
         if grade_only is not None:
-            from benchmarks.eval_harness import grade_only as run_grade_only
+            from benchmarks.eval_swebench import grade_only as run_grade_only
 
             report: dict[str, Any] = run_grade_only(grade_only, dataset, out, workers=workers, split=split)
         else:

@@ -12,6 +12,7 @@ from typing import Any
 
 import yaml
 
+from agent.engines.registry import WEIGHT_SYNC_KINDS, engine_spec, engines, trainable_engines
 from trainer.algos.registry import (
     AlgorithmSpec,
     advantage_names,
@@ -21,7 +22,6 @@ from trainer.algos.registry import (
     policy_loss_names,
     policy_loss_traits,
 )
-
 
 # The DIS bands of the paper as its public ports report them: (eps_low, eps_high), the band (1 - lo, 1 + hi).
 DIS_BANDS: dict[str, tuple[float, float]] = {"reasoning": (0.3, 5.0), "coding": (0.8, 3.0)}
@@ -174,7 +174,8 @@ class RolloutConfig:
     """How episodes are produced."""
 
     engine: str = "hf"
-    """``hf`` (in-process transformers, follows the trainer's weights) or ``vllm`` (servers)."""
+    """An engine of ``agent.engines.registry``: ``hf`` (in-process transformers, follows the trainer's weights) or
+    ``vllm`` (servers), or one registered from outside the package (docs/register_engine.md)."""
     vllm_urls: list[str] = field(default_factory=list)
     """vllm: server URLs; empty = launch one local server on the actor."""
     concurrency: int = 4
@@ -443,7 +444,6 @@ class Config:
             (t.sync_every >= 1, "trainer.sync_every must be >= 1"),
             (t.group_size >= 1, "trainer.group_size must be >= 1"),
             (0 <= t.running_mean_momentum < 1, "trainer.running_mean_momentum must be in [0, 1)"),
-            (r.engine in ("hf", "vllm"), f"rollout.engine: unknown {r.engine!r}; use 'hf' or 'vllm'"),
             (r.concurrency >= 1, "rollout.concurrency must be >= 1"),
             (r.buffer_size >= 1, "rollout.buffer_size must be >= 1"),
             (r.max_tokens >= 1, "rollout.max_tokens must be >= 1"),
@@ -457,7 +457,6 @@ class Config:
             (r.max_turns >= 1, "rollout.max_turns must be >= 1"),
             (r.server_grace_s >= 0, "rollout.server_grace_s must be seconds >= 0 (0: the servers are not watched)"),
             (r.infra_stall_s >= 0, "rollout.infra_stall_s must be seconds >= 0 (0: never stop on infra errors)"),
-            (not r.action_vocab or r.engine == "hf", "rollout.action_vocab needs rollout.engine=hf; clear one of them"),
             (d.zero_stage in (0, 1, 2, 3), "deepspeed.zero_stage must be 0, 1, 2 or 3"),
             (d.micro_batch_size >= 1, "deepspeed.micro_batch_size must be >= 1"),
             (
@@ -470,6 +469,7 @@ class Config:
             (self.run.save_every >= 1, "run.save_every must be >= 1"),
             (self.run.keep_checkpoints >= 1, "run.keep_checkpoints must be >= 1"),
         ]
+        checks += _engine_checks(self)
         checks += _cluster_checks(self)
         checks += _stage_checks(self)
         for ok, msg in checks:
@@ -581,10 +581,48 @@ def _stage_checks(cfg: Config) -> list[tuple[bool, str]]:
     ]  # fmt: skip
 
 
+def _engine_checks(cfg: Config) -> list[tuple[bool, str]]:
+    """What ``rollout.engine``'s registry entry (``agent.engines.registry``) allows: training with it at all, the
+    restricted vocabulary, the weight-sync kind, Ray placement, the in-process stages."""
+    r, c = cfg.rollout, cfg.cluster
+    usable = ", ".join(trainable_engines())
+    try:
+        e = engine_spec(r.engine)
+    except ValueError:
+        return [(False, f"rollout.engine: unknown {r.engine!r}; use one of {usable}")]
+    if e.placement is None:
+        return [(False, f"rollout.engine: {r.engine!r} cannot train ({e.summary}); use one of {usable}")]
+
+    def having(flag: str) -> str:
+        return ", ".join(x.name for x in engines() if getattr(x, flag))
+
+    syncing = ", ".join(x.name for x in engines() if r.weight_sync in x.weight_sync)
+    stages = [s for s in cfg.stages if s in ("eval", "pretrain_value")]
+    return [
+        (not r.action_vocab or e.restricted_vocab,
+         f"rollout.action_vocab needs an engine that samples from a restricted vocabulary ({having('restricted_vocab')}"
+         f"), not {r.engine!r}; set rollout.engine to one of them or clear one of them"),
+        (r.weight_sync not in WEIGHT_SYNC_KINDS or r.weight_sync in e.weight_sync,
+         f"rollout.weight_sync={r.weight_sync} needs rollout.engine={syncing or '(none registered)'} (engine "
+         f"{r.engine!r} supports {', '.join(e.weight_sync)})"),
+        (c.backend == "local" or e.placement == "server",
+         f"cluster.backend=ray needs a server engine, rollout.engine={having('connect')} (rollout workers on other "
+         f"nodes call its servers; {r.engine!r} lives in the trainer's process)"),
+        (c.backend == "local" or bool(r.vllm_urls) or e.ray_actor,
+         f"cluster.backend=ray: engine {r.engine!r} has no Ray engine actor to start its servers; list them in "
+         f"rollout.vllm_urls or use an engine that has one ({having('ray_actor')})"),
+        (c.backend != "local" or e.placement != "server" or bool(r.vllm_urls) or e.serve is not None,
+         f"rollout.engine={r.engine!r} cannot start a server of its own; list its servers in rollout.vllm_urls"),
+        (not stages or e.placement == "in_process",
+         f"stages: {', '.join(stages)} play the current model in this process, which rollout.engine={r.engine!r} "
+         f"cannot; use rollout.engine={having('in_process')} for a staged run"),
+    ]  # fmt: skip
+
+
 def _cluster_checks(cfg: Config) -> list[tuple[bool, str]]:
     r, c = cfg.rollout, cfg.cluster
     out = [
-        (r.weight_sync in ("checkpoint", "broadcast"), "rollout.weight_sync must be 'checkpoint' or 'broadcast'"),
+        (r.weight_sync in WEIGHT_SYNC_KINDS, f"rollout.weight_sync must be one of {', '.join(WEIGHT_SYNC_KINDS)}"),
         (r.sync_bucket_mb >= 0, "rollout.sync_bucket_mb must be >= 0 (0 = one tensor per message)"),
         (r.sync_timeout_s > 0, "rollout.sync_timeout_s must be > 0 (seconds)"),
         (c.backend in CLUSTER_BACKENDS, f"cluster.backend: unknown {c.backend!r}; use one of {list(CLUSTER_BACKENDS)}"),
@@ -592,14 +630,6 @@ def _cluster_checks(cfg: Config) -> list[tuple[bool, str]]:
         (c.engines >= 1, "cluster.engines must be >= 1"),
         (c.rollout_workers >= 1, "cluster.rollout_workers must be >= 1"),
         (c.sandbox_host_restarts >= 0, "cluster.sandbox_host_restarts must be >= 0"),
-        (
-            r.weight_sync == "checkpoint" or r.engine == "vllm",
-            "rollout.weight_sync=broadcast needs rollout.engine=vllm (the hf engine shares the trainer's process)",
-        ),
-        (
-            c.backend == "local" or r.engine == "vllm",
-            "cluster.backend=ray needs rollout.engine=vllm (rollout workers on other nodes call vLLM servers)",
-        ),
     ]
     for role in ("trainer", "engine", "rollout", "sandbox"):
         res = getattr(c, f"{role}_resources")

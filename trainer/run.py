@@ -23,11 +23,13 @@ import numpy as np
 import torch
 
 from agent.engines.protocols import EngineError
+from agent.engines.registry import InProcessArgs, ServeArgs, engine_spec
 from envs.registration import preflight
 from saocore.jsonl import append_jsonl
 from trainer import distributed as dist_utils
 from trainer.commands import Command, Export, PushWeights, Save, Saved, Stop, Train
 from trainer.config import Config, ConfigError, config_diff, load_config, save_config
+from trainer.env_tasks import load_env_tasks
 from trainer.learner import Learner
 from trainer.ledger import Ledger, replay
 from trainer.metrics import MetricsWriter, plot_run
@@ -87,18 +89,6 @@ def prepare_run_dir(cfg: Config, resume: str | None) -> tuple[Config, Path, dict
     return saved, run_dir, latest_state(run_dir)
 
 
-def _load_tasks(cfg: Config) -> list[dict[str, Any]] | None:
-    src = cfg.env.tasks
-    if src is None:
-        return None
-    from envs.datasets import load_tasks
-
-    try:
-        return load_tasks(src, num_generated=cfg.env.num_tasks, seed=cfg.run.seed)
-    except (ValueError, FileNotFoundError) as e:
-        raise ConfigError(f"env.tasks: {e}; or 'arithmetic', or null for the env's own tasks") from e
-
-
 def _allowed_ids(cfg: Config, tokenizer: Any) -> list[int] | None:
     words = cfg.rollout.action_vocab
     if not words:
@@ -137,12 +127,13 @@ class Trainer:
         self.allowed = _allowed_ids(cfg, self.tokenizer)
         actor = load_actor(cfg)
         critic = load_critic(cfg, actor) if cfg.algorithm.critic else None
-        # The in-process engine samples from its own copy, taken before DeepSpeed partitions (ZeRO-3) the actor.
-        hf = cfg.rollout.engine == "hf" and self.rank0
-        self.engine_model = copy.deepcopy(actor).eval() if hf else None
+        self.engine_spec = engine_spec(cfg.rollout.engine)
+        # An in-process engine samples from its own copy, taken before DeepSpeed partitions (ZeRO-3) the actor.
+        in_process = self.engine_spec.placement == "in_process" and self.rank0
+        self.engine_model = copy.deepcopy(actor).eval() if in_process else None
         self.cluster = cluster
         self._broadcast: Any = None  # rollout.weight_sync=broadcast: trainer.cluster.weights.BroadcastSync
-        self._server: Any = None  # rollout.engine=vllm without vllm_urls: the run's own LocalVLLMServer
+        self._server: Any = None  # a server engine without rollout.vllm_urls: the run's own server
         allowed = torch.tensor(self.allowed, dtype=torch.long) if self.allowed else None
         self.learner = Learner(cfg, actor, critic, int(self.tokenizer.pad_token_id), allowed=allowed)
         self.step, self.version = 0, 0
@@ -232,31 +223,25 @@ class Trainer:
 
     # -- rank 0 -----------------------------------------------------------------------------------------------
     def _make_engine(self) -> Any:
-        r = self.cfg.rollout
+        """``rollout.engine``'s engine (its registry entry builds it): on the trainer's copy of the actor, or a client
+        of the servers (``rollout.vllm_urls``, else one this run starts on the current weights)."""
+        r, spec = self.cfg.rollout, self.engine_spec
         if self.cluster is not None:
             return self.cluster.make_engine()
-        if r.engine == "hf":
-            if self.allowed:
-                from trainer.local_engine import LocalEngine
-
-                return LocalEngine(self.engine_model, self.allowed, version=self.version)  # type: ignore[arg-type]
-            from agent.engines.hf_engine import HFEngine
-
-            return HFEngine(self.engine_model, tokenizer=self.tokenizer, version=self.version)
-        from agent.engines.vllm_engine import VLLMEngine
-
+        if spec.in_process is not None:
+            allowed = tuple(self.allowed or ())
+            return spec.in_process(InProcessArgs(self.engine_model, self.tokenizer, self.version, allowed))
+        assert spec.connect is not None, "config validation admits in-process or server engines only"
         urls = list(r.vllm_urls)
         if not urls:
-            from agent.engines.vllm_server import LocalVLLMServer
-
+            assert spec.serve is not None, "config validation refuses a server engine with no URLs and no serve"
             weights = self.run_dir / "weights" / f"v{self.version:06d}"
             self.lead(Export(str(weights)))
             self.tokenizer.save_pretrained(weights)
-            self._server = LocalVLLMServer.start(
-                str(weights), log_path=str(self.run_dir / "vllm.log"), max_model_len=r.max_context_tokens
-            )
+            log = str(self.run_dir / "vllm.log")
+            self._server = spec.serve(ServeArgs(str(weights), log_path=log, max_model_len=r.max_context_tokens))
             urls = [self._server.url]
-        return VLLMEngine(urls)
+        return spec.connect(urls, ())
 
     async def _sync_weights(self, engine: Any) -> float:
         if self.cfg.rollout.weight_sync == "broadcast":
@@ -390,7 +375,7 @@ class Trainer:
         )
         coord = Coordinator(
             runner,
-            TaskSource(_load_tasks(cfg), cfg.run.seed),
+            TaskSource(load_env_tasks(cfg), cfg.run.seed),
             ledger,
             concurrency=cfg.rollout.concurrency,
             buffer_size=max(cfg.rollout.buffer_size, t.batch_size),
@@ -564,14 +549,14 @@ def train(config_path: str | None, overrides: list[str] | None = None, resume: s
     if cfg.stages:  # collect / sft / eval / train in one run (configs/quickstart.yaml)
         from trainer.stages import run_stages
 
-        return run_stages(cfg, resume)
+        return run_stages(cfg, resume, train)
     cfg, run_dir, state = prepare_run_dir(cfg, resume)
     if resume is not None and state is None:
         raise ConfigError(f"--resume {resume!r}: no complete checkpoint in {run_dir}/checkpoints; start a new run")
     if cfg.cluster.backend == "ray":
         from trainer.cluster.ray_backend import run_on_ray
 
-        run_on_ray(cfg, run_dir, state)
+        run_on_ray(cfg, run_dir, state, Trainer)
         return run_dir
     dist_utils.init_distributed()
     trainer = Trainer(cfg, run_dir, state)

@@ -5,16 +5,18 @@ with ``--resume RUN_DIR`` skips finished stages (an unfinished ``train`` stage r
 model flows from stage to stage: ``sft`` and ``train`` start from the current model and replace it with their
 ``final/actor``.
 
-* ``collect``: ``collect.n`` episodes of ``collect.model`` (a demonstrator of ``agent.engines.demonstrators``:
+* ``collect``: ``collect.n`` episodes of ``collect.model`` (a demonstrator of ``agent.engines.registry``:
   ``solver`` for arithmetic, ``swe_demonstrator`` for SWE tasks) on the training tasks, through the one episode
   runner, in the env's sandboxes -> ``trajectories.jsonl``;
 * ``sft``: ``trainer.sft`` on ``sft.data`` or else the collected trajectories (``sft.min_reward``, default 1.0
   for collected ones: only solved episodes);
-* ``eval``: the current model on ``eval.n`` held-out tasks (success, valid tool-call rate, mean turns), its env
-  made with ``env.kwargs`` updated by ``eval.env_kwargs``;
+* ``eval``: the current model (in this process, on ``rollout.engine``'s in-process engine) on ``eval.n``
+  held-out tasks (success, valid tool-call rate, mean turns), its env made with ``env.kwargs`` updated by
+  ``eval.env_kwargs``;
 * ``pretrain_value``: rollouts of the current policy, a value fit on them and its held-out explained variance;
   the next ``train`` stage starts its critic from it;
-* ``train``: SAO (``trainer.run``) from the current model.
+* ``train``: SAO from the current model, through `sao train`'s entry point (``trainer.run.train``, which runs the
+  stages and hands itself in: run.py is the layer above this module).
 
 At the end: a before/after table of every eval (printed, ``summary.md``, ``summary.json``) and
 ``plots/stages.png`` (the evals side by side and the RL success curve).
@@ -28,15 +30,21 @@ import gc
 import json
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from agent.engines.protocols import Engine
+from agent.engines.registry import InProcessArgs, engine_spec, make_demonstrator
 from agent.records import Trajectory
 from trainer import distributed as dist_utils
 from trainer.config import Config, ConfigError, save_config
+from trainer.env_tasks import load_env_tasks
 from trainer.run_folder import latest_checkpoint, write_json_atomic
 
 DONE = "done.json"
+TrainFn = Callable[..., Path]
+"""`sao train`'s entry point, ``trainer.run.train(config_path, overrides, resume=)``, which a train stage runs."""
 
 
 def _agent_cfg(cfg: Config, temperature: float) -> Any:
@@ -52,9 +60,7 @@ def _agent_cfg(cfg: Config, temperature: float) -> Any:
 
 
 def training_tasks(cfg: Config) -> list[dict[str, Any]]:
-    from trainer.run import _load_tasks
-
-    tasks = _load_tasks(cfg)
+    tasks = load_env_tasks(cfg)
     if tasks is None:
         raise ConfigError("a staged run needs env.tasks (e.g. arithmetic): collect and eval draw from it")
     return tasks
@@ -98,7 +104,6 @@ async def _rollouts(
 
 
 def collect_stage(cfg: Config, model_dir: str, out: Path) -> dict[str, Any]:
-    from agent.engines.demonstrators import make_demonstrator
     from trainer.models import load_tokenizer
 
     c = cfg.collect
@@ -153,13 +158,21 @@ def episode_scores(trajs: list[Trajectory], tokenizer: Any) -> dict[str, Any]:
     }
 
 
+def _stage_engine(cfg: Config, tokenizer: Any) -> Engine:
+    """``rollout.engine``'s in-process engine on the current model (config validation refuses a staged run whose
+    engine has none)."""
+    from trainer.models import load_actor
+
+    build = engine_spec(cfg.rollout.engine).in_process
+    assert build is not None, "config validation refuses eval / pretrain_value stages without an in-process engine"
+    return build(InProcessArgs(load_actor(cfg), tokenizer, seed=cfg.run.seed))
+
+
 def eval_stage(cfg: Config, model_dir: str, out: Path) -> dict[str, Any]:
-    from agent.engines.hf_engine import HFEngine
-    from trainer.models import load_actor, load_tokenizer
+    from trainer.models import load_tokenizer
 
     tok = load_tokenizer(cfg)
-    model = load_actor(cfg)
-    engine = HFEngine(model, tokenizer=tok, seed=cfg.run.seed)
+    engine = _stage_engine(cfg, tok)
     t0 = time.perf_counter()
     trajs = asyncio.run(
         _rollouts(cfg, engine, tok, held_out_tasks(cfg), out / "trajectories.jsonl", cfg.eval.concurrency,
@@ -197,8 +210,7 @@ def pretrain_value_stage(cfg: Config, model_dir: str, out: Path) -> dict[str, An
     from, not the demonstrator) on training tasks, a value fit on most of them (``trainer.value_pretrain``) and the
     explained variance on the held-out rest, before and after; the critic goes to ``value_init`` for the next
     ``train`` stage's ``critic.init``."""
-    from agent.engines.hf_engine import HFEngine
-    from trainer.models import load_actor, load_tokenizer
+    from trainer.models import load_tokenizer
     from trainer.value_pretrain import fit_critic, read_rollouts, split_by_task
 
     p = cfg.pretrain_value
@@ -211,7 +223,7 @@ def pretrain_value_stage(cfg: Config, model_dir: str, out: Path) -> dict[str, An
         # the tasks after the collected ones first (the demonstrations already covered those)
         start = min(cfg.collect.n if "collect" in cfg.stages else 0, max(len(tasks) - p.rollouts, 0))
         picked = (tasks[start:] + tasks[:start])[: p.rollouts]
-        engine = HFEngine(load_actor(cfg), tokenizer=tok, seed=cfg.run.seed)
+        engine = _stage_engine(cfg, tok)
         asyncio.run(_rollouts(cfg, engine, tok, picked, path, p.concurrency, cfg.rollout.temperature))
         del engine
         _release_memory()
@@ -245,12 +257,11 @@ def _std(xs: list[float]) -> float:
     return float((sum((x - m) ** 2 for x in xs) / (len(xs) - 1)) ** 0.5)
 
 
-def train_stage(cfg: Config, model_dir: str, out: Path) -> dict[str, Any]:
-    """SAO from the current model through `sao train`'s own entry point (an unfinished stage resumes)."""
+def train_stage(cfg: Config, model_dir: str, out: Path, train: TrainFn) -> dict[str, Any]:
+    """SAO from the current model through `sao train`'s own entry point ``train`` (an unfinished stage resumes)."""
     import shutil
 
     from trainer.metrics import read_metrics
-    from trainer.run import train
 
     c = copy.deepcopy(cfg)
     c.stages = []
@@ -299,8 +310,9 @@ def _with_model(cfg: Config, model_dir: str) -> Config:
     return c
 
 
-def run_stages(cfg: Config, resume: str | None) -> Path:
-    """Run ``cfg.stages`` in order in ``run.dir`` (see the module doc); returns the run dir."""
+def run_stages(cfg: Config, resume: str | None, train: TrainFn) -> Path:
+    """Run ``cfg.stages`` in order in ``run.dir`` (see the module doc); returns the run dir. ``train``: `sao train`'s
+    entry point, for the train stages."""
     run_dir = Path(resume) if resume else Path(cfg.run.dir)
     if resume is None and (run_dir / "config.yaml").exists():
         raise ConfigError(
@@ -344,7 +356,7 @@ def run_stages(cfg: Config, resume: str | None) -> Path:
             else:
                 if critic is not None:
                     c.critic.init = critic
-                res = train_stage(c, model, out)
+                res = train_stage(c, model, out, train)
             res["stage"] = stage
             res["cpu_s"] = _cpu_s() - cpu0
             res["load_avg"] = os.getloadavg()[0]

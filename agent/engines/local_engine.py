@@ -1,4 +1,5 @@
-"""An in-process sampling engine on a private copy of the actor, with an optional restricted action vocabulary.
+"""LocalEngine (engine ``hf`` with ``rollout.action_vocab``): in-process sampling on a private copy of the actor,
+with an optional restricted action vocabulary.
 
 Why it exists beside the agent's HF engine: a random-init toy model samples from 49k tokens and would never emit
 a valid answer; restricting sampling to a few token ids (``rollout.action_vocab``) makes toy runs learnable,

@@ -1,11 +1,21 @@
-"""ScriptedEngine: replays fixed actions (token ids with logprobs) in order; for loop tests and dry runs."""
+"""Replayed models: ``ScriptedEngine`` replays fixed actions (token ids with logprobs) in order, for loop tests and
+dry runs; ``ScriptedChat`` replays one task's assistant messages from a script file (model spec ``scripted:FILE``).
+
+A script is a JSONL of ``{"id": <instance or problem id>, "actions": ["<assistant message>", ...]}``; the same
+script is replayed for every sample of a task.
+"""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
+from agent.engines.openai_chat import ChatReply
 from agent.engines.protocols import EngineError, Generation, SamplingParams
+from agent.engines.registry import ModelSpecError
+from saocore.jsonl import iter_jsonl
 
 
 class ScriptedEngine:
@@ -45,3 +55,28 @@ class ScriptedEngine:
 
     async def close(self) -> None:
         return None
+
+
+def load_script(path: str | Path) -> dict[str, list[str]]:
+    """A script's actions per task id; errors (``ModelSpecError``) name the line."""
+    out: dict[str, list[str]] = {}
+    for n, rec in iter_jsonl(path, error=ModelSpecError):
+        tid = rec.get("id", rec.get("instance_id")) if isinstance(rec, dict) else None
+        actions = rec.get("actions") if isinstance(rec, dict) else None
+        if tid is None or not isinstance(actions, list) or not all(isinstance(a, str) for a in actions):
+            raise ModelSpecError(f'{path}:{n}: expected {{"id": <task id>, "actions": ["<assistant message>", ...]}}')
+        out[str(tid)] = actions
+    return out
+
+
+class ScriptedChat:
+    """Replays one task's actions as chat replies; past the end it raises EngineError (the script ran out)."""
+
+    def __init__(self, task_id: str, actions: list[str]) -> None:
+        self.task_id, self.actions, self.i = task_id, actions, 0
+
+    async def chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> ChatReply:
+        if self.i >= len(self.actions):
+            raise EngineError(f"the script for {self.task_id} has no action left (it has {len(self.actions)})")
+        self.i += 1
+        return ChatReply(self.actions[self.i - 1])

@@ -3,11 +3,15 @@
 Roles, each a Ray actor with the resources its ``cluster.*_resources`` entry asks for:
 
 - ``TrainerRank`` x ``cluster.trainer_ranks``: one DeepSpeed world across the actors (gloo on CPU, NCCL on GPU;
-  ``MASTER_ADDR`` is rank 0's node). Rank 0 runs the usual loop (``trainer.run.Trainer.lead_run``), the others
-  follow its commands, exactly as under torchrun.
-- ``EngineHost`` x ``cluster.engines``: starts a vLLM server with the SAO worker extension on its node, from a
-  model directory local to that node (``tiny:*`` models are written there from the same seed as the trainer's).
-- ``RolloutWorker`` x ``cluster.rollout_workers`` (spread over the nodes): plays episodes against the engines with
+  ``MASTER_ADDR`` is rank 0's node). Rank 0 runs the usual loop (``trainer.run.Trainer.lead_run``; ``run_on_ray``
+  is handed the ``Trainer`` class by ``trainer.run.train``, the layer above), the others follow its commands,
+  exactly as under torchrun.
+- ``EngineHost`` x ``cluster.engines``: starts a server of ``rollout.engine`` (its registry entry's ``serve``: for
+  ``vllm``, a vLLM server with the SAO worker extension) on its node, from a model directory local to that node
+  (``tiny:*`` models are written there from the same seed as the trainer's). Engines whose entry declares no Ray
+  engine actor take their servers from ``rollout.vllm_urls``.
+- ``RolloutWorker`` x ``cluster.rollout_workers`` (spread over the nodes): plays episodes against the engines (the
+  entry's ``connect``) with
   sandboxes from its node's sandbox host. Rank 0 hands each episode to the least busy live worker; a worker that
   dies turns its episodes into ``infra_error`` records and is not used again.
 - ``SandboxHost``, one per node that has rollout workers (``cluster.sandbox_resources``, pinned to the node):
@@ -28,10 +32,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from agent.engines.vllm_engine import VLLMEngine
+from agent.engines.registry import ServeArgs, engine_spec
 from agent.records import Trajectory
 from agent.rollout import Episode, infra_error_trajectory
 from trainer.cluster.sandbox_host import RemoteSandbox, SandboxHostClient, SandboxHostImpl, episode_sandboxes
@@ -104,7 +109,7 @@ def _local_model_dir(cfg: Config, into: Path) -> str:
 
 
 class EngineHostImpl:
-    """One vLLM server on this actor's node; ``start`` returns its URL as other nodes reach it."""
+    """One server of ``rollout.engine`` on this actor's node; ``start`` returns its URL as other nodes reach it."""
 
     def __init__(self) -> None:
         self.server: Any = None
@@ -114,19 +119,17 @@ class EngineHostImpl:
 
         import ray
 
-        from agent.engines.vllm_server import LocalVLLMServer
         from trainer.config import config_from_dict
 
         cfg = config_from_dict(cfg_dict)
+        serve = engine_spec(cfg.rollout.engine).serve
+        assert serve is not None, "config validation places engine actors only for engines that serve"
         work = Path(tempfile.mkdtemp(prefix="sao-engine-"))
         model_dir = _local_model_dir(cfg, work / "model")
         host = advertise_host or str(ray.util.get_node_ip_address())  # type: ignore[no-untyped-call]
-        self.server = LocalVLLMServer.start(
-            model_dir,
-            host="127.0.0.1" if host == "127.0.0.1" else "0.0.0.0",
-            log_path=str(work / "vllm.log"),
-            max_model_len=cfg.rollout.max_context_tokens,
-        )
+        bind = "127.0.0.1" if host == "127.0.0.1" else "0.0.0.0"
+        log = str(work / f"{cfg.rollout.engine}.log")
+        self.server = serve(ServeArgs(model_dir, bind, log, cfg.rollout.max_context_tokens))
         _watch(os.getpid(), self.server.proc.pid)
         return str(self.server.url).replace("127.0.0.1", host)
 
@@ -153,7 +156,9 @@ class RolloutWorkerImpl:
 
         cfg = config_from_dict(cfg_dict)
         r = cfg.rollout
-        self.engine = VLLMEngine(urls)
+        connect = engine_spec(r.engine).connect
+        assert connect is not None, "config validation admits only server engines under cluster.backend=ray"
+        self.engine: Any = connect(urls, ())  # set_version: every server engine's client tags generations with it
         agent_cfg = AgentConfig(
             max_context_tokens=r.max_context_tokens,
             max_action_tokens=r.max_tokens,
@@ -254,36 +259,55 @@ class RayRolloutRunner:
                 w.set_version.remote(version)
 
 
-class RayVLLMEngine(VLLMEngine):
-    """Rank 0's client of the Ray-placed engines: after each weight sync it tells the rollout workers the version
-    the servers now serve (their own clients tag generations with it; a late notice tags older, never newer)."""
+class RayEngineClient:
+    """Rank 0's client of the Ray-placed engines (``client``: the engine entry's ``connect`` on their URLs): after
+    each weight sync it tells the rollout workers the version the servers now serve (their own clients tag
+    generations with it; a late notice tags older, never newer)."""
 
-    def __init__(self, urls: list[str], runner: RayRolloutRunner) -> None:
-        super().__init__(urls)
-        self.runner = runner
+    def __init__(self, client: Any, runner: RayRolloutRunner) -> None:
+        self.client, self.runner = client, runner
+
+    @property
+    def version(self) -> int:
+        return int(self.client.version)
+
+    @property
+    def sync_world_size(self) -> int:
+        return int(self.client.sync_world_size)
+
+    async def generate(self, prompt_ids: list[int], sampling: Any) -> Any:
+        return await self.client.generate(prompt_ids, sampling)
 
     async def update_weights(self, checkpoint_dir: str, version: int) -> None:
-        await super().update_weights(checkpoint_dir, version)
+        await self.client.update_weights(checkpoint_dir, version)
         self.runner.set_version(self.version)
 
     async def receive_weights(self, plan: Any) -> None:
-        await super().receive_weights(plan)
+        await self.client.receive_weights(plan)
         self.runner.set_version(self.version)
+
+    async def close(self) -> None:
+        await self.client.close()
 
 
 class RayPlacement:
     """What rank 0's ``Trainer`` uses instead of local parts: the engines' client and the remote runner."""
 
-    def __init__(self, urls: list[str], workers: list[Any], names: list[str], env_id: str) -> None:
-        self.urls = urls
+    def __init__(self, urls: list[str], workers: list[Any], names: list[str], env_id: str, engine: str) -> None:
+        self.urls, self.engine = urls, engine
         self.runner = RayRolloutRunner(workers, names, env_id)
 
-    def make_engine(self) -> RayVLLMEngine:
-        return RayVLLMEngine(self.urls, self.runner)
+    def make_engine(self) -> RayEngineClient:
+        connect = engine_spec(self.engine).connect
+        assert connect is not None, "config validation admits only server engines under cluster.backend=ray"
+        return RayEngineClient(connect(self.urls, ()), self.runner)
 
 
 class TrainerRankImpl:
-    """One rank of the trainer's DeepSpeed world."""
+    """One rank of the trainer's DeepSpeed world; ``make_trainer`` is ``trainer.run.Trainer``."""
+
+    def __init__(self, make_trainer: Callable[..., Any]) -> None:
+        self.make_trainer = make_trainer
 
     def node_ip(self) -> str:
         import ray
@@ -309,7 +333,6 @@ class TrainerRankImpl:
 
         from trainer import distributed as dist_utils
         from trainer.config import config_from_dict, save_config
-        from trainer.run import Trainer
 
         os.environ.update(
             RANK=str(rank),
@@ -322,8 +345,10 @@ class TrainerRankImpl:
         dist_utils.init_distributed()
         rank0 = dist_utils.rank() == 0
         assert placement is not None or not rank0
-        cluster = RayPlacement(*placement, env_id=cfg.env.id) if rank0 and placement is not None else None
-        trainer = Trainer(cfg, Path(run_dir), state, cluster=cluster)
+        cluster = None
+        if rank0 and placement is not None:
+            cluster = RayPlacement(*placement, env_id=cfg.env.id, engine=cfg.rollout.engine)
+        trainer = self.make_trainer(cfg, Path(run_dir), state, cluster=cluster)
         last: dict[str, Any] = {}
         if trainer.rank0:
             Path(run_dir).mkdir(parents=True, exist_ok=True)
@@ -362,8 +387,11 @@ def _connect(cfg: Config) -> None:
     ray.init(address=cfg.cluster.address, namespace=NAMESPACE, include_dashboard=False, log_to_driver=True)
 
 
-def run_on_ray(cfg: Config, run_dir: Path, state: dict[str, Any] | None) -> dict[str, Any]:
-    """Place the roles, train, then stop every actor this run started; returns rank 0's last metrics."""
+def run_on_ray(
+    cfg: Config, run_dir: Path, state: dict[str, Any] | None, make_trainer: Callable[..., Any]
+) -> dict[str, Any]:
+    """Place the roles, train, then stop every actor this run started; returns rank 0's last metrics.
+    ``make_trainer``: ``trainer.run.Trainer`` (each trainer rank builds one), handed in by ``trainer.run.train``."""
     import ray
 
     _connect(cfg)
@@ -379,7 +407,7 @@ def run_on_ray(cfg: Config, run_dir: Path, state: dict[str, Any] | None) -> dict
     hosts: list[Any] = []
     try:
         ranks: list[Any] = [
-            trainer_cls.options(**_options(c.trainer_resources, f"sao-trainer-{i}")).remote()
+            trainer_cls.options(**_options(c.trainer_resources, f"sao-trainer-{i}")).remote(make_trainer)
             for i in range(c.trainer_ranks)
         ]
         actors += ranks

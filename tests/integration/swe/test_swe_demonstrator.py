@@ -17,7 +17,7 @@ def test_the_demonstrator_resolves_every_task_with_real_observations(
 ) -> None:
     from transformers import AutoTokenizer
 
-    from agent.engines.demonstrators import make_demonstrator
+    from agent.engines.registry import make_demonstrator
     from agent.loop import AgentConfig
     from agent.rollout import EpisodeRunner, RunnerConfig, TokenPlayer, env_factory, episodes_of
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import eval_swebench
-from benchmarks.eval_common import EvalError, load_script, parse_model_spec, pass_at_k
+from benchmarks.eval_common import EvalError, parse_model_spec, pass_at_k
 from benchmarks.eval_math import summarize
 
 
@@ -41,15 +41,6 @@ def test_bad_specs_say_what_is_accepted(spec: str, words: str) -> None:
     with pytest.raises(EvalError) as e:
         parse_model_spec(spec)
     assert words in str(e.value)
-
-
-def test_script_errors_name_the_line(tmp_path: Path) -> None:
-    p = tmp_path / "s.jsonl"
-    p.write_text('{"id": "a", "actions": ["x", "y"]}\n\n{"id": "b", "actions": "not a list"}\n')
-    with pytest.raises(EvalError, match=r"s\.jsonl:3"):
-        load_script(p)
-    p.write_text('{"instance_id": "a", "actions": ["x", "y"]}\n')
-    assert load_script(p) == {"a": ["x", "y"]}
 
 
 def _pass_at_k_brute(n: int, c: int, k: int) -> float:

@@ -83,9 +83,9 @@ def test_model_alias_resolves_in_training_and_eval(tmp_path: Path, monkeypatch: 
     assert parse_model_spec("hf:smollm2").path == str(d)
     import transformers
 
-    from benchmarks.eval_common import _load_tokenizer
+    from agent.engines.registry import load_tokenizer
 
     seen: list[str] = []
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda path, **kw: seen.append(path))
-    _load_tokenizer("smollm2")  # --tokenizer smollm2 reads the alias's directory
+    load_tokenizer("smollm2")  # --tokenizer smollm2 reads the alias's directory
     assert seen == [str(d)]

@@ -1,0 +1,276 @@
+"""The engine registry: ``register_engine(name, ...)``; every choice of an inference engine is looked up here.
+
+An ``EngineSpec`` carries everything the rest of the code branches on, so config validation, the trainer, the Ray
+placement, staged runs, ``collect`` stages and the eval ``--model`` specs read the entry, never the name:
+
+* ``in_process``: builds the engine on a model object in the caller's process (the trainer's own copy of the
+  actor, a staged eval's model): the engine follows the trainer's weights without a server;
+* ``serve`` / ``connect``: starts one server on a model directory / makes a client of server URLs (a server
+  engine: the trainer starts one when ``rollout.vllm_urls`` is empty, Ray starts one per engine actor);
+* ``weight_sync``: the ``rollout.weight_sync`` kinds the trainer may use with it;
+* ``restricted_vocab``: it can sample from ``rollout.action_vocab`` only (the in-process builder gets the ids);
+* ``ray_actor``: ``cluster.backend: ray`` places ``cluster.engines`` actors that each run ``serve`` on their node;
+* ``specs``: the ``--model KIND:TARGET`` forms it answers to (``SpecForm``: parse the target, build the model);
+* ``demonstrator``: builds it for a ``collect`` stage from the tasks its episodes will play.
+
+The shipped engines register in ``agent.engines.builtin`` (imported with the package, so every lookup sees them);
+an engine from outside the package is one module that calls ``register_engine`` (docs/register_engine.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+from agent.engines.protocols import Engine
+
+WEIGHT_SYNC_KINDS = ("checkpoint", "broadcast")
+
+
+class ModelSpecError(ValueError):
+    """A bad ``--model`` spec or a bad thing it names (no model there, a malformed script, a server that does not
+    answer); the message names the problem and the fix."""
+
+
+class Server(Protocol):
+    """One running inference server (``serve``'s result): reached at ``url``, ``proc`` its process."""
+
+    url: str
+    proc: Any
+
+    def alive(self) -> bool: ...
+
+    def stop(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class InProcessArgs:
+    """What an in-process engine is built from: ``model`` (an ``nn.Module``: the trainer's private copy of the
+    actor, or a stage's loaded model), its tokenizer, the policy version it holds, the token ids sampling is
+    restricted to (``rollout.action_vocab``; empty: the full vocabulary) and the sampler's seed."""
+
+    model: Any
+    tokenizer: Any
+    version: int = 0
+    allowed_token_ids: tuple[int, ...] = ()
+    seed: int | None = 0
+
+
+@dataclass(frozen=True)
+class ServeArgs:
+    """What a server is started from: a HF model directory on this node, the address it binds (``0.0.0.0`` to
+    serve other nodes), its log file and context length."""
+
+    model_dir: str
+    host: str = "127.0.0.1"
+    log_path: str | None = None
+    max_model_len: int = 2048
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A parsed ``--model`` value: ``kind`` (a ``SpecForm.kind``) and its target(s)."""
+
+    kind: str
+    urls: tuple[str, ...] = ()
+    path: str = ""
+    model: str = ""
+    base_url: str = ""
+
+    @property
+    def name(self) -> str:
+        """``model_name_or_path`` for predictions files: the served or named model, else the path, else the kind."""
+        return self.model or (self.urls[0] if self.urls else "") or self.path or self.kind
+
+
+@dataclass(frozen=True)
+class SpecOptions:
+    """The eval CLI's options a spec's model is built with."""
+
+    tokenizer: str | None = None
+    max_context_tokens: int = 8192
+    max_action_tokens: int = 2048
+    temperature: float = 0.0
+    top_p: float = 1.0
+
+
+@dataclass
+class SpecModel:
+    """What a spec builds: a token ``engine`` with its ``tokenizer``, or a ``chat`` model, or ``per_task`` chat
+    models (a fresh one per task id). ``max_context_tokens``: the model's own limit when it is below the asked one.
+    ``check_tasks`` raises ``ModelSpecError`` for task ids it cannot play (before any episode runs)."""
+
+    engine: Any = None
+    tokenizer: Any = None
+    chat: Any = None
+    per_task: Callable[[str], Any] | None = None
+    max_context_tokens: int | None = None
+    check_tasks: Callable[[list[str]], None] | None = None
+
+
+@dataclass(frozen=True)
+class SpecForm:
+    """One ``--model`` form: ``KIND:TARGET`` (or the bare ``KIND`` when ``bare``). ``usage`` is shown in help and
+    errors; ``parse(spec_text, target) -> ModelSpec`` checks the target cheaply (no model is loaded) and raises
+    ``ModelSpecError``; ``build(spec, options)`` makes the model. ``takes_alias``: a bare model alias
+    (``--model smollm2``) means this form on it."""
+
+    kind: str
+    usage: str
+    parse: Callable[[str, str], ModelSpec]
+    build: Callable[[ModelSpec, SpecOptions], Awaitable[SpecModel]]
+    bare: bool = False
+    takes_alias: bool = False
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """A registered engine (see the module doc for what each field decides)."""
+
+    name: str
+    summary: str
+    in_process: Callable[[InProcessArgs], Engine] | None = None
+    serve: Callable[[ServeArgs], Server] | None = None
+    connect: Callable[[Sequence[str], Sequence[Server]], Engine] | None = None
+    weight_sync: tuple[str, ...] = ()
+    restricted_vocab: bool = False
+    ray_actor: bool = False
+    specs: tuple[SpecForm, ...] = ()
+    demonstrator: Callable[[Any, list[dict[str, Any]]], Engine] | None = None
+
+    @property
+    def placement(self) -> Literal["in_process", "server"] | None:
+        """Where a training run's engine lives: in the trainer's process, in servers, or None (cannot train)."""
+        if self.in_process is not None:
+            return "in_process"
+        return "server" if self.connect is not None else None
+
+    def check(self) -> None:
+        """Refuse an entry whose fields contradict each other (raised by ``register_engine``)."""
+        where = f"register_engine({self.name!r})"
+        if not self.name or not isinstance(self.name, str):
+            raise ValueError(f"an engine name must be a non-empty string, got {self.name!r}")
+        if self.in_process is not None and self.connect is not None:
+            raise ValueError(f"{where}: give in_process or connect, not both (an engine lives in one place)")
+        bad = [k for k in self.weight_sync if k not in WEIGHT_SYNC_KINDS]
+        if bad:
+            raise ValueError(f"{where}: weight_sync kinds {bad} unknown; use {list(WEIGHT_SYNC_KINDS)}")
+        if self.placement is not None and not self.weight_sync:
+            raise ValueError(f"{where}: a trainable engine needs weight_sync kinds, e.g. ('checkpoint',)")
+        if self.placement is None and self.weight_sync:
+            raise ValueError(f"{where}: weight_sync without in_process or connect: nothing would receive weights")
+        if self.ray_actor and (self.serve is None or self.connect is None):
+            raise ValueError(f"{where}: ray_actor needs serve and connect (each actor serves, workers connect)")
+        if self.serve is not None and self.connect is None:
+            raise ValueError(f"{where}: serve without connect: nothing could talk to the servers it starts")
+        if self.restricted_vocab and self.in_process is None:
+            raise ValueError(f"{where}: restricted_vocab needs in_process (the builder gets the allowed ids)")
+
+
+_ENGINES: dict[str, EngineSpec] = {}
+
+
+def register_engine(name: str, summary: str, **fields: Any) -> EngineSpec:
+    """Register engine ``name`` (``fields``: those of ``EngineSpec``); a taken name, a taken ``--model`` kind or
+    contradicting fields raise ``ValueError``. Returns the entry."""
+    spec = EngineSpec(name, summary, **fields)
+    spec.check()
+    if name in _ENGINES:
+        raise ValueError(f"engine {name!r} is already registered ({_ENGINES[name].summary}); pick another name")
+    taken = {f.kind: e.name for e in _ENGINES.values() for f in e.specs}
+    for form in spec.specs:
+        if form.kind in taken:
+            raise ValueError(f"register_engine({name!r}): --model kind {form.kind!r} belongs to {taken[form.kind]!r}")
+    _ENGINES[name] = spec
+    return spec
+
+
+def engines() -> list[EngineSpec]:
+    """Every registered engine, in registration order."""
+    return list(_ENGINES.values())
+
+
+def engine_spec(name: str) -> EngineSpec:
+    """The entry of ``name``; an unknown name raises ``ValueError`` listing the registered ones."""
+    try:
+        return _ENGINES[name]
+    except KeyError:
+        raise ValueError(f"unknown engine {name!r}; registered: {', '.join(_ENGINES)}") from None
+
+
+def trainable_engines() -> list[str]:
+    """Names a training run's ``rollout.engine`` may take."""
+    return [e.name for e in _ENGINES.values() if e.placement is not None]
+
+
+def make_demonstrator(name: str, tokenizer: Any, tasks: list[dict[str, Any]]) -> Engine:
+    """The demonstrator ``name`` for ``tasks`` (the records its episodes will play); a name that is no
+    demonstrator raises ``ValueError`` listing those that are."""
+    known = [e.name for e in _ENGINES.values() if e.demonstrator is not None]
+    entry = _ENGINES.get(name)
+    if entry is None or entry.demonstrator is None:
+        raise ValueError(f"unknown demonstrator {name!r}; choose from {', '.join(known)}")
+    return entry.demonstrator(tokenizer, tasks)
+
+
+# ---- --model specs ---------------------------------------------------------------------------------------------
+def spec_forms() -> list[SpecForm]:
+    """Every ``--model`` form, in registration order."""
+    return [f for e in _ENGINES.values() for f in e.specs]
+
+
+def spec_help() -> str:
+    """The accepted ``--model`` forms, as help and errors show them."""
+    out: list[str] = []
+    for f in spec_forms():
+        out.append(f.usage)
+        if f.takes_alias:
+            out.append("smollm2")
+    return " | ".join(out)
+
+
+def parse_model_spec(text: str) -> ModelSpec:
+    """Parse ``--model``; an unknown or malformed spec raises ``ModelSpecError`` listing the accepted forms."""
+    from saocore.paths import MODEL_ALIASES
+
+    forms = {f.kind: f for f in spec_forms()}
+    word = text.strip()
+    if word in forms and forms[word].bare:
+        return forms[word].parse(text, "")
+    kind, sep, rest = text.partition(":")
+    rest = rest.strip()
+    alias = next((f for f in forms.values() if f.takes_alias), None)
+    if not sep and word.lower() in MODEL_ALIASES and alias is not None:
+        return alias.parse(text, word)
+    if not sep or not rest:
+        raise ModelSpecError(f"--model {text!r}: expected KIND:TARGET, one of {spec_help()}")
+    form = forms.get(kind)
+    if form is None or form.bare:
+        raise ModelSpecError(f"--model {text!r}: unknown model kind {kind!r}; use one of {spec_help()}")
+    return form.parse(text, rest)
+
+
+async def build_spec_model(spec: ModelSpec, options: SpecOptions) -> SpecModel:
+    """Make the model ``spec`` names (a ``parse_model_spec`` result)."""
+    form = next((f for f in spec_forms() if f.kind == spec.kind), None)
+    if form is None:
+        raise ModelSpecError(f"model kind {spec.kind!r} is not registered; use one of {spec_help()}")
+    return await form.build(spec, options)
+
+
+def load_tokenizer(source: str) -> Any:
+    """The tokenizer of a model directory or alias (``smollm2``); a failure names ``--tokenizer`` as the fix."""
+    from transformers import AutoTokenizer
+
+    from saocore.paths import resolve_model_path
+
+    path = resolve_model_path(source)
+    try:
+        return AutoTokenizer.from_pretrained(path)
+    except Exception as e:
+        where = source if path == source else f"{source} ({path})"
+        raise ModelSpecError(
+            f"cannot load the tokenizer from {where!r} ({type(e).__name__}: {e}); pass --tokenizer DIR "
+            "(the served model's directory)"
+        ) from e
