@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 from typing import Any
 
 import pytest
@@ -12,22 +10,12 @@ from gymnasium.utils.env_checker import check_env
 
 from envs.python_tool import PythonToolEnv
 from envs.tools import BashTool, EditorTool, PythonTool
-from tests._require import missing
 
 pytestmark = pytest.mark.timeout(180)
 
 
 def call(name: str, **args: object) -> str:
     return f"<tool_call>{json.dumps({'name': name, 'arguments': args})}</tool_call>"
-
-
-@pytest.fixture(scope="module")
-def bwrap_ok() -> None:
-    if shutil.which("bwrap") is None:
-        missing("bubblewrap", "run `apt-get install bubblewrap`")
-    probe = subprocess.run(["bwrap", "--ro-bind", "/", "/", "--unshare-all", "true"], capture_output=True, text=True)
-    if probe.returncode != 0:
-        missing("a working bubblewrap", f"bwrap cannot create namespaces here: {probe.stderr.strip()}")
 
 
 @pytest.fixture(params=["bwrap", pytest.param("docker", marks=pytest.mark.docker)])

@@ -8,8 +8,6 @@ is told; a command killed for memory says so.
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 import threading
 import time
 from typing import Any
@@ -17,7 +15,6 @@ from typing import Any
 import pytest
 
 from envs.python_tool import PythonToolEnv
-from tests._require import missing
 
 pytestmark = pytest.mark.timeout(240)
 TASK = {"id": "t", "problem": "What is 2 + 2?", "answer": "4"}
@@ -25,15 +22,6 @@ TASK = {"id": "t", "problem": "What is 2 + 2?", "answer": "4"}
 
 def call(name: str, **args: object) -> str:
     return f"<tool_call>{json.dumps({'name': name, 'arguments': args})}</tool_call>"
-
-
-@pytest.fixture(scope="module")
-def bwrap_ok() -> None:
-    if shutil.which("bwrap") is None:
-        missing("bubblewrap", "run `apt-get install bubblewrap`")
-    probe = subprocess.run(["bwrap", "--ro-bind", "/", "/", "--unshare-all", "true"], capture_output=True, text=True)
-    if probe.returncode != 0:
-        missing("a working bubblewrap", f"bwrap cannot create namespaces here: {probe.stderr.strip()}")
 
 
 @pytest.fixture(params=["bwrap", pytest.param("docker", marks=pytest.mark.docker)])
