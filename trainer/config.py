@@ -597,7 +597,7 @@ def _engine_checks(cfg: Config) -> list[tuple[bool, str]]:
         return ", ".join(x.name for x in engines() if getattr(x, flag))
 
     syncing = ", ".join(x.name for x in engines() if r.weight_sync in x.weight_sync)
-    stages = [s for s in cfg.stages if s in ("eval", "pretrain_value")]
+    stages = list(dict.fromkeys(s for s in cfg.stages if s in ("eval", "pretrain_value")))
     return [
         (not r.action_vocab or e.restricted_vocab,
          f"rollout.action_vocab needs an engine that samples from a restricted vocabulary ({having('restricted_vocab')}"

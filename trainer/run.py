@@ -323,7 +323,7 @@ class Trainer:
         stop = StopRequest()
         stop.install()
         r = self.cfg.rollout
-        if r.engine == "vllm" and r.vllm_urls and r.server_grace_s > 0:
+        if self.engine_spec.placement == "server" and r.vllm_urls and r.server_grace_s > 0:
             self._watch = ServerWatch(r.vllm_urls, r.server_grace_s, stop)
         try:
             session = await self._setup()
