@@ -1,0 +1,104 @@
+"""The Ray engine actor of ``cluster.backend: ray`` (``EngineHost``): one server of ``rollout.engine`` on its node
+(the engine's registry entry ``serve``s it), from a model directory local to that node, watched so that it dies with
+the actor."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from agent.engines.registry import ServeArgs, engine_spec
+from trainer.config import Config, ConfigError, config_from_dict
+
+_WATCHDOG = """
+import os, signal, sys, time
+parent, group = int(sys.argv[1]), int(sys.argv[2])
+if os.fork() > 0:  # leave the actor's process tree: Ray kills a dead actor's children, and this one must outlive it
+    os._exit(0)
+def gone(pid, kill=os.kill):
+    try:
+        kill(pid, 0)
+        return False
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+while not gone(parent):
+    if gone(group, os.killpg):
+        sys.exit(0)
+    time.sleep(1.0)
+for sig in (signal.SIGTERM, signal.SIGKILL):
+    try:
+        os.killpg(group, sig)
+    except ProcessLookupError:
+        sys.exit(0)
+    time.sleep(10.0)
+"""
+
+
+def _watch(parent_pid: int, group: int) -> None:
+    """Kill process group ``group`` when ``parent_pid`` dies (an actor killed with SIGKILL runs no cleanup, and the
+    vLLM server is in a session of its own, so nothing else would end it)."""
+    import subprocess
+    import sys
+
+    subprocess.Popen(
+        [sys.executable, "-c", _WATCHDOG, str(parent_pid), str(group)],
+        start_new_session=True,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+def _local_model_dir(cfg: Config, into: Path) -> str:
+    """A HF model directory on this node for the engine: the configured path, or a ``tiny:*`` model written here."""
+    from saocore.paths import resolve_model_path
+    from trainer.models import load_actor, load_tokenizer
+
+    path = resolve_model_path(cfg.model.path)
+    if not path.startswith("tiny:"):
+        if not Path(path, "config.json").exists():
+            raise ConfigError(f"model.path: {path!r} is not a model directory on this engine node")
+        return path
+    into.mkdir(parents=True, exist_ok=True)
+    model: Any = load_actor(cfg)
+    model.save_pretrained(into, safe_serialization=True)  # seeded: the same weights as the trainer's
+    load_tokenizer(cfg).save_pretrained(into)
+    return str(into)
+
+
+class EngineHostImpl:
+    """One server of ``rollout.engine`` on this actor's node; ``start`` returns its URL as other nodes reach it."""
+
+    def __init__(self) -> None:
+        self.server: Any = None
+
+    def start(self, cfg_dict: dict[str, Any], advertise_host: str | None) -> str:
+        import tempfile
+
+        import ray
+
+        cfg = config_from_dict(cfg_dict)
+        serve = engine_spec(cfg.rollout.engine).serve
+        assert serve is not None, "config validation places engine actors only for engines that serve"
+        work = Path(tempfile.mkdtemp(prefix="sao-engine-"))
+        model_dir = _local_model_dir(cfg, work / "model")
+        host = advertise_host or str(ray.util.get_node_ip_address())  # type: ignore[no-untyped-call]
+        bind = "127.0.0.1" if host == "127.0.0.1" else "0.0.0.0"
+        log = str(work / f"{cfg.rollout.engine}.log")
+        self.server = serve(ServeArgs(model_dir, bind, log, cfg.rollout.max_context_tokens))
+        _watch(os.getpid(), self.server.proc.pid)
+        return str(self.server.url).replace("127.0.0.1", host)
+
+    def server_pid(self) -> int | None:
+        return None if self.server is None else int(self.server.proc.pid)
+
+    def alive(self) -> bool:
+        return self.server is not None and bool(self.server.alive())
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
