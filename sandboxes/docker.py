@@ -344,9 +344,13 @@ class DockerSandbox:
             image_workdir = api.inspect_container(cid)["Config"].get("WorkingDir") or ""
             sb.workdir = cfg.workdir or (image_workdir if image_workdir not in ("", "/") else AGENT_HOME)
             sb._prepare_blocking()
-        except BaseException:
+        except BaseException as e:
             with contextlib.suppress(Exception):
                 api.remove_container(cid, force=True, v=True)
+            # the daemon went away between the start and the preparation (a restart): unavailable, so
+            # ``create_blocking`` waits for it like any other start, instead of failing the episode at once
+            if isinstance(e, requests.exceptions.ConnectionError | OSError):
+                raise _unavailable(cfg.docker_host, e) from e
             raise
         _DiskWatch.of(client, _host_key(cfg.docker_host)).add(sb)
         return sb

@@ -56,3 +56,46 @@ def test_other_api_errors_still_raise(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(sdocker, "get_client", lambda host=None: client)
     with pytest.raises(docker.errors.APIError):
         sdocker.reap_orphans()
+
+
+class _RestartingApi:
+    """A daemon that goes away right after starting the first container (a restart), then answers again."""
+
+    def __init__(self) -> None:
+        self.inspects = 0
+        self.removed: list[str] = []
+
+    def create_host_config(self, *a: Any, **kw: Any) -> dict[str, Any]:
+        return kw
+
+    def create_container(self, *a: Any, **kw: Any) -> dict[str, str]:
+        return {"Id": f"c{self.inspects}"}
+
+    def start(self, cid: str) -> None:
+        pass
+
+    def inspect_container(self, cid: str) -> dict[str, Any]:
+        self.inspects += 1
+        if self.inspects == 1:
+            raise requests.exceptions.ConnectionError("connection refused")
+        return {"Config": {"WorkingDir": "/work"}}
+
+    def remove_container(self, cid: str, force: bool, v: bool = False) -> None:
+        self.removed.append(cid)
+
+
+def test_a_daemon_lost_between_start_and_preparation_is_waited_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    """It used to reach the episode as a raw ConnectionError at once (no wait through the restart)."""
+    from sandboxes.config import SandboxConfig
+
+    api = _RestartingApi()
+    client = type("C", (), {"api": api})()
+    monkeypatch.setattr(sdocker, "get_client", lambda host=None: client)
+    monkeypatch.setattr(sdocker.DockerSandbox, "_prepare_blocking", lambda self: None)
+    monkeypatch.setattr(
+        sdocker._DiskWatch, "of", staticmethod(lambda c, h: type("W", (), {"add": lambda s, b: None})())
+    )
+    monkeypatch.setattr(sdocker.time, "sleep", lambda s: None)
+    monkeypatch.setattr(sdocker, "_ANSWERED", {sdocker._host_key(None)})
+    sb = sdocker.DockerSandbox.create_blocking(SandboxConfig(backend="docker", image="img", daemon_wait_s=30))
+    assert api.inspects == 2 and api.removed == ["c0"] and sb.workdir == "/work"
