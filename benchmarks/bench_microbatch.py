@@ -181,6 +181,7 @@ def _child(cfg: MicrobatchBenchConfig, variant: str) -> dict[str, Any]:
     pad = int(load_tokenizer(tc).pad_token_id)
     full = collate(trajs, pad)
     micro = shard_batch(full, tc.deepspeed)
+    torch.manual_seed(cfg.seed)  # the critic's value head too: both variants then compute the same step
     actor: Any = load_actor(tc)
     if cfg.layers:
         actor.model.layers = actor.model.layers[: cfg.layers]
@@ -313,13 +314,15 @@ def run(cfg: MicrobatchBenchConfig, echo: Callable[[str], None] = print, png: bo
     rc, tk = rows
     speedup = tk["tokens_per_s"] / rc["tokens_per_s"]
     mem = tk["peak_extra_bytes"] / max(rc["peak_extra_bytes"], 1)
-    echo(f"  token budget / row cut: {speedup:.2f}x tokens/s, {mem:.2f}x peak memory")
+    same = {k: abs(tk["metrics"][k] - rc["metrics"][k]) for k in ("pg_loss", "value_loss") if k in rc["metrics"]}
+    echo(f"  token budget / row cut: {speedup:.2f}x tokens/s, {mem:.2f}x peak memory; same step: |loss diff| {same}")
     result = {
         "config": {**asdict(cfg), "out": str(cfg.out), "trajectories": batch["source"]},
         "batch": batch,
         "variants": {r["variant"]: r for r in rows},
         "speedup_tokens_per_s": speedup,
         "peak_memory_ratio": mem,
+        "loss_abs_diff": same,
         "load_avg_before": list(load),
         "load_avg_after": list(load_after),
         "memory_measure": "peak resident set (VmHWM) above the RSS just before the step",

@@ -47,6 +47,7 @@ def test_bench_microbatch_smoke(tmp_path: Path, smollm2_dir: Path) -> None:
     assert rows["real_tokens"] == tokens["real_tokens"] == doc["batch"]["tokens_total"]
     assert rows["trained_action_tokens"] == tokens["trained_action_tokens"] > 0
     assert tokens["padding_frac"] < rows["padding_frac"]
+    assert doc["loss_abs_diff"]["pg_loss"] < 1e-4 and doc["loss_abs_diff"]["value_loss"] < 1e-4  # the same step
     assert tokens["largest_micro_batch_positions"] <= max(256, doc["batch"]["tokens_max"])
     assert rows["peak_extra_bytes"] > 0 and tokens["tokens_per_s"] > 0
     assert "| row cut" in res.stdout and "| token budget 256" in res.stdout
