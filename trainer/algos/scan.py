@@ -103,7 +103,8 @@ def masked_gae_dense(
     nq = (t + pad) // chunk
     rows = b * nq
     log_count, w_r, w_v = _chunk_matrices(gamma * lam, lam, chunk, dtype, v.device)
-    mb2, r2, v2 = mb.reshape(rows, chunk), r.view(rows, chunk), v.view(rows, chunk)
+    # reshape, not view: micro batches cut by a token budget are column slices (not contiguous)
+    mb2, r2, v2 = mb.reshape(rows, chunk), r.reshape(rows, chunk), v.reshape(rows, chunk)
     adv = torch.empty(rows, chunk, dtype=dtype, device=v.device)
     ret = torch.empty_like(adv)  # holds c**-n_t (0 off the mask) until the second pass
     head = torch.empty(rows, dtype=dtype, device=v.device)

@@ -107,3 +107,18 @@ def test_dense_gae_rejects_bad_input() -> None:
     with pytest.raises(ValueError, match="one shape"):
         masked_gae_dense(torch.zeros(1, 3), torch.zeros(1, 4), torch.ones(1, 3), 0.9, 0.9)
     assert not dense_supported(0.9, 0.01) and dense_supported(1.0, 1.0)
+
+
+def test_dense_gae_takes_column_slices() -> None:
+    """Micro batches cut by a token budget are column slices of the batch (not contiguous): a length that is a
+    multiple of the chunk used to fail with "view size is not compatible" (seen in value pretraining)."""
+    from trainer.algos.scan import masked_gae_dense
+
+    g = torch.Generator().manual_seed(0)
+    wide_r, wide_v = torch.rand(3, 96, generator=g), torch.rand(3, 96, generator=g)
+    wide_m = torch.rand(3, 96, generator=g) > 0.4
+    r, v, m = wide_r[:, :64], wide_v[:, :64], wide_m[:, :64]
+    assert not r.is_contiguous()
+    got = masked_gae_dense(r, v, m, 0.99, 0.9, chunk=32)
+    want = masked_gae_dense(r.contiguous(), v.contiguous(), m.contiguous(), 0.99, 0.9, chunk=32)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
