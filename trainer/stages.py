@@ -216,8 +216,10 @@ def pretrain_value_stage(cfg: Config, model_dir: str, out: Path) -> dict[str, An
     p = cfg.pretrain_value
     path = out / "trajectories.jsonl"
     t0 = time.perf_counter()
-    if dist_utils.rank() == 0:
-        path.unlink(missing_ok=True)  # an unfinished stage starts over: its rollouts came from this same policy
+    if dist_utils.rank() == 0 and _count_lines(path) < p.rollouts:
+        # a stage cut short while rolling out starts its rollouts over; one cut short in the fit keeps them (they
+        # came from this same policy, and rolling out is most of the stage's time)
+        path.unlink(missing_ok=True)
         tok = load_tokenizer(cfg)
         tasks = training_tasks(cfg)
         # the tasks after the collected ones first (the demonstrations already covered those)
@@ -248,6 +250,14 @@ def pretrain_value_stage(cfg: Config, model_dir: str, out: Path) -> dict[str, An
             flush=True,
         )
     return res
+
+
+def _count_lines(path: Path) -> int:
+    if not path.exists():
+        return 0
+    from saocore.jsonl import iter_jsonl
+
+    return sum(1 for _ in iter_jsonl(path, torn_tail_ok=True))  # a line torn by a kill does not count
 
 
 def _std(xs: list[float]) -> float:
