@@ -21,7 +21,8 @@ ROOT = Path(__file__).resolve().parents[3]
 TINY = [
     "collect.n=4", "sft.steps=1", "sft.batch_size=2", "eval.n=2", "eval.concurrency=2", "run.total_steps=1",
     "run.progress=false", "trainer.batch_size=2", "trainer.group_size=2", "rollout.concurrency=2",
-    "rollout.buffer_size=2", "deepspeed.micro_batch_size=2",
+    "rollout.buffer_size=2", "deepspeed.micro_batch_size=2", "pretrain_value.rollouts=4", "pretrain_value.epochs=1",
+    "pretrain_value.concurrency=2",
 ]  # fmt: skip
 
 
@@ -53,9 +54,13 @@ def test_confirm_bench_runs_both_arms_from_one_sft_checkpoint_and_reports(
         assert cfg["model"]["path"] == sft_model and cfg["trainer"]["algorithm"] == arm
         summary = json.loads((out / "arms" / arm / "summary.json").read_text())
         assert set(summary["evals"][-1]["solved_by_task"]) == held_out  # the same held-out tasks as the SFT eval
-        steps = [json.loads(x) for x in (out / "arms" / arm / "00_train" / "metrics.jsonl").read_text().splitlines()]
-        assert [s["step"] for s in steps] == [1] and steps[0]["trained_trajectories"] == 2
+        train_dir = out / "arms" / arm / ("01_train" if arm == "sao" else "00_train")  # SAO pretrains its critic
+        steps = [json.loads(x) for x in (train_dir / "metrics.jsonl").read_text().splitlines()]
+        # the trained count includes SAO's two warm-up batches of 2 (critic only), then one policy step of 2
+        assert [s["step"] for s in steps] == [1] and steps[0]["trained_trajectories"] == (6 if arm == "sao" else 2)
         assert ("value_loss" in steps[0]) == (arm == "sao")  # SAO trains a critic, GRPO does not
     assert "| sao " in stdout and "| grpo " in stdout and "sao - grpo:" in stdout
+    rows = {a["arm"]: a for a in data["arms"]}
+    assert rows["sao"]["critic_only_rollouts"] == 4 + 2 * 2 and rows["grpo"]["critic_only_rollouts"] == 0
     assert (out / "confirm.png").stat().st_size > 0
     print(f"tiny confirm bench wall time {time.time() - t0:.0f}s")
