@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from agent_fakes import CharChatMLTokenizer, ScriptedEnv
 
-from agent.engines.registry import make_demonstrator
 from agent.engines.protocols import EngineError
+from agent.engines.registry import make_demonstrator
 from agent.engines.swe_demonstrator import next_call, parse_patch
 from agent.loop import AgentConfig, run_episode
 
