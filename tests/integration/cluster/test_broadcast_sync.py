@@ -13,6 +13,7 @@ from agent.engines.protocols import EngineError, SamplingParams
 from agent.engines.vllm_engine import VLLMEngine
 from agent.engines.weight_sync import SyncPlan, WeightSyncError
 from trainer.cluster.weights import BroadcastSync, push
+from trainer.commands import PushWeights
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 
@@ -20,8 +21,8 @@ GREEDY = SamplingParams(max_tokens=24, temperature=0.0, stop_token_ids=(2,))
 
 
 def _lead(model: Any, syncer: BroadcastSync) -> Any:
-    def lead(msg: dict[str, Any]) -> dict[str, float]:
-        return push(model, syncer.pg, SyncPlan.from_dict(msg["plan"]), zero3=False)
+    def lead(cmd: PushWeights) -> dict[str, float]:
+        return push(model, syncer.pg, cmd.plan, zero3=False)
 
     return lead
 

@@ -39,7 +39,6 @@ async def test_nccl_broadcast_into_a_vllm_gpu_server(
     from agent.engines.protocols import SamplingParams
     from agent.engines.vllm_engine import VLLMEngine
     from agent.engines.vllm_server import LocalVLLMServer
-    from agent.engines.weight_sync import SyncPlan
     from trainer.cluster.weights import BroadcastSync, push
 
     tok = AutoTokenizer.from_pretrained(str(smollm2_dir))
@@ -55,8 +54,8 @@ async def test_nccl_broadcast_into_a_vllm_gpu_server(
                 p.add_(torch.randn_like(p) * 0.02)
         syncer = BroadcastSync(model, host="127.0.0.1", bucket_mb=256, timeout_s=120)
 
-        def lead(msg: dict[str, Any]) -> dict[str, float]:
-            plan = SyncPlan.from_dict(msg["plan"])
+        def lead(cmd: Any) -> dict[str, float]:  # trainer.commands.PushWeights
+            plan = cmd.plan
             assert plan.backend == "nccl"
             return push(model, syncer.pg, plan, zero3=False, device="cuda:0")
 
