@@ -54,9 +54,9 @@ async def _run(cfg: SyncBenchConfig, echo: Callable[[str], None]) -> dict[str, A
     from agent.engines.protocols import SamplingParams
     from agent.engines.vllm_engine import VLLMEngine
     from agent.engines.vllm_server import LocalVLLMServer
-    from agent.engines.weight_sync import SyncPlan
     from saocore.paths import resolve_model_path
     from trainer.cluster.weights import BroadcastSync, push
+    from trainer.commands import PushWeights
 
     path = resolve_model_path(cfg.model)
     tok = AutoTokenizer.from_pretrained(path)
@@ -83,8 +83,8 @@ async def _run(cfg: SyncBenchConfig, echo: Callable[[str], None]) -> dict[str, A
                 version += 1
                 syncer = BroadcastSync(model, host="127.0.0.1", bucket_mb=mb, timeout_s=cfg.timeout_s)
 
-                def lead(msg: dict[str, Any], s: BroadcastSync = syncer) -> dict[str, float]:
-                    return push(model, s.pg, SyncPlan.from_dict(msg["plan"]), zero3=False)
+                def lead(cmd: PushWeights, s: BroadcastSync = syncer) -> dict[str, float]:
+                    return push(model, s.pg, cmd.plan, zero3=False)
 
                 t0 = time.perf_counter()
                 stats = await syncer.sync(engine, version, lead)
