@@ -470,7 +470,9 @@ class Trainer:
             append_jsonl(self.run_dir / "critic_warmup.jsonl", [rec])
             if self.rank0 and self.cfg.run.progress:
                 ev = m.get("explained_variance", float("nan"))
-                print(f"critic warm-up {self.warmup_done}/{n}: explained variance {ev:.3f}", flush=True)
+                from saocore.console import say  # above the progress line, not through it
+
+                say(f"critic warm-up {self.warmup_done}/{n}: explained variance {ev:.3f}")
         return True
 
     async def _close(self, s: _Session) -> None:
