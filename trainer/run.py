@@ -42,7 +42,7 @@ from trainer.run_folder import (
     latest_state,
     refuse_existing_run,
 )
-from trainer.stopping import ServerWatch, StopRequest, next_batch_or_stop
+from trainer.stopping import EXIT_RESUMABLE, ServerWatch, StopRequest, next_batch_or_stop
 
 
 def _seed_all(seed: int) -> None:
@@ -556,9 +556,23 @@ def train(config_path: str | None, overrides: list[str] | None = None, resume: s
     if resume is not None and state is None:
         raise ConfigError(f"--resume {resume!r}: no complete checkpoint in {run_dir}/checkpoints; start a new run")
     if cfg.cluster.backend == "ray":
-        from trainer.cluster.ray_backend import run_on_ray
+        from saocore.console import say
+        from trainer.cluster.ray_backend import TrainerRankLost, run_on_ray
 
-        run_on_ray(cfg, run_dir, state, Trainer)
+        try:
+            last = run_on_ray(cfg, run_dir, state, Trainer)
+        except TrainerRankLost as e:
+            say(
+                f"{e}; the run cannot go on without it. The latest checkpoint is {latest_checkpoint(run_dir)}: "
+                f"continue with `sao train --resume {run_dir}` (steps after it are trained again from it)"
+            )
+            raise SystemExit(EXIT_RESUMABLE) from e
+        if last.get("stopped"):
+            say(
+                f"stopped at step {last['step']}: {last['stopped']}; the latest checkpoint is "
+                f"{latest_checkpoint(run_dir)}. Continue with `sao train --resume {run_dir}`"
+            )
+            raise SystemExit(int(last["exit_code"]))
         return run_dir
     dist_utils.init_distributed()
     trainer = Trainer(cfg, run_dir, state)

@@ -263,7 +263,57 @@ class TrainerRankImpl:
         else:
             trainer.follow()
         dist_utils.barrier()
-        return {"step": trainer.step, "stopped": None if trainer.stopped is None else trainer.stopped.reason, **last}
+        stopped = trainer.stopped
+        return {
+            "step": trainer.step,
+            "stopped": None if stopped is None else stopped.reason,
+            "exit_code": 0 if stopped is None else stopped.exit_code,
+            **last,
+        }
+
+
+class TrainerRankLost(RuntimeError):
+    """A trainer rank's actor died (its process killed, its node gone): the DeepSpeed world cannot go on without
+    it, and nothing it held since the last checkpoint can be saved. The run ends resumable (exit 75): ``sao train
+    --resume`` restarts every rank from the latest complete checkpoint, which the rename-on-complete writer keeps
+    whole whatever moment the rank died at."""
+
+    def __init__(self, rank: int, cause: str) -> None:
+        super().__init__(f"trainer rank {rank} (sao-trainer-{rank}) died: {cause}")
+        self.rank = rank
+
+
+_RANK_DEATH_GRACE_S = 30.0  # after a rank's own error: how long to look for a peer's death that caused it
+
+
+def _wait_for_ranks(refs: list[Any]) -> list[dict[str, Any]]:
+    """Every rank's result; the first rank to die raises ``TrainerRankLost`` at once (the others, stuck in a
+    collective with it, are not waited for). A rank's own exception is re-raised unless a peer died meanwhile
+    (a collective broken by the dead peer raises in the live ranks first)."""
+    import ray
+    from ray.exceptions import RayActorError, WorkerCrashedError
+
+    def lost(ref: Any, e: Exception) -> TrainerRankLost:
+        return TrainerRankLost(refs.index(ref), f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+
+    pending = list(refs)
+    while pending:
+        done, pending = ray.wait(pending, num_returns=1)
+        try:
+            ray.get(done[0])
+        except (RayActorError, WorkerCrashedError) as e:
+            raise lost(done[0], e) from e
+        except Exception:
+            ended, _ = ray.wait(pending, num_returns=len(pending), timeout=_RANK_DEATH_GRACE_S) if pending else ([], [])
+            for ref in ended:
+                try:
+                    ray.get(ref)
+                except (RayActorError, WorkerCrashedError) as e:
+                    raise lost(ref, e) from e
+                except Exception:  # that rank's own error; the first one is raised below
+                    continue
+            raise
+    return [dict(r) for r in ray.get(refs)]
 
 
 def _place_sandbox_hosts(cfg: Config, host_cls: Any, workers: list[Any]) -> list[Any]:
@@ -296,8 +346,10 @@ def _connect(cfg: Config) -> None:
 def run_on_ray(
     cfg: Config, run_dir: Path, state: dict[str, Any] | None, make_trainer: Callable[..., Any]
 ) -> dict[str, Any]:
-    """Place the roles, train, then stop every actor this run started; returns rank 0's last metrics.
-    ``make_trainer``: ``trainer.run.Trainer`` (each trainer rank builds one), handed in by ``trainer.run.train``."""
+    """Place the roles, train, then stop every actor this run started; returns rank 0's last metrics with ``step``,
+    ``stopped`` (a clean stop's reason, or None) and its ``exit_code``. A trainer rank that dies raises
+    ``TrainerRankLost`` (``trainer.run.train`` exits 75 on it). ``make_trainer``: ``trainer.run.Trainer`` (each
+    trainer rank builds one), handed in by ``trainer.run.train``."""
     import ray
 
     _connect(cfg)
@@ -341,8 +393,7 @@ def run_on_ray(
             )
             for i, r in enumerate(ranks)
         ]
-        results = ray.get(refs)
-        return dict(results[0])
+        return _wait_for_ranks(refs)[0]
     finally:
         for h in hosts:
             try:

@@ -217,3 +217,53 @@ def _pid_alive_or_none(handle: Any) -> dict[str, Any] | None:
         return info
     except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
         return None
+
+
+def test_a_killed_trainer_rank_ends_the_run_resumable_and_the_resume_trains_no_step_twice(
+    ray_cluster: Any, smollm2_dir: Path, tmp_path: Path
+) -> None:
+    """Two trainer ranks (one gloo world) on TokenGame: rank 1's actor is killed after step 2's checkpoint; the
+    driver ends the run at once with exit 75 naming the rank and the checkpoint (today: the collective hangs or
+    the driver dies with exit 1), and `--resume` trains from that checkpoint without training a saved step again."""
+    import ray
+
+    from trainer.run_folder import latest_checkpoint
+
+    run_dir, log = tmp_path / "run", tmp_path / "sao.log"
+    cfg_file = tmp_path / "cfg.yaml"
+    cfg_file.write_text("{}\n")
+    ov = [o for o in token_game_overrides(run_dir, "ray", ray_cluster.address) if not o.startswith("run.")]
+    ov += [f"run.dir={run_dir}", f"run.total_steps={STEPS}", "run.save_every=1", "run.progress=false",
+           "run.plot=false", "run.tensorboard=false"]  # fmt: skip
+    driver = _sao([str(cfg_file), *ov], log)
+    try:
+
+        def step_2_saved() -> bool:
+            ckpt = latest_checkpoint(run_dir)
+            return ckpt is not None and int(ckpt.name.rsplit("_", 1)[-1]) >= 2
+
+        _wait("step 2's checkpoint", step_2_saved, driver, log)
+        ray.kill(ray.get_actor("sao-trainer-1", namespace="sao"), no_restart=True)
+        t_kill = time.monotonic()
+        code = driver.wait(300)
+        t_exit = time.monotonic() - t_kill
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+    text = log.read_text()
+    assert code == 75, text[-4000:]
+    assert "trainer rank 1 (sao-trainer-1) died" in text and "sao train --resume" in text, text[-4000:]
+    ckpt = latest_checkpoint(run_dir)
+    assert ckpt is not None
+    saved = int(ckpt.name.rsplit("_", 1)[-1])
+    before = (run_dir / "metrics.jsonl").read_text().splitlines()
+    assert saved >= 2 and [json.loads(x)["step"] for x in before][:saved] == list(range(1, saved + 1))
+    _wait("Ray to end the killed run's actors", lambda: not _sao_actors(), None, log, timeout=120)
+
+    resumed = _sao(["--resume", str(run_dir), f"run.total_steps={saved + 1}"], log)
+    assert resumed.wait(600) == 0, log.read_text()[-4000:]
+    after = (run_dir / "metrics.jsonl").read_text().splitlines()
+    print(f"rank 1 killed after step {saved}'s checkpoint; the driver exited 75 after {t_exit:.0f} s")
+    assert [json.loads(x)["step"] for x in after] == list(range(1, saved + 2))
+    assert after[:saved] == before[:saved], "steps up to the checkpoint were trained again"
+    assert (run_dir / "final" / "actor" / "config.json").exists()
