@@ -193,7 +193,8 @@ def test_sandbox_host_kill_then_driver_kill_then_resume(
     assert host_errors, "no episode of the killed sandbox host was recorded as an infra error"
     assert all(t["status"] == "infra_error" for t in host_errors)
     assert resumed_nodes, "the resumed run played no episode"
-    assert not [t for t in after_resume if t["status"] == "infra_error"], "the resumed run had infra errors"
+    resumed_errors = [t["info"].get("infra_error") for t in after_resume if t["status"] == "infra_error"]
+    assert not resumed_errors, f"the resumed run had infra errors: {resumed_errors[:3]}"
     played = {t["info"].get("ray_node") for t in records if t["status"] != "infra_error"}
     assert len(played) == 2, f"rollouts ran on {len(played)} node(s)"
     left = {pid: _containers_of(pid) for pid in hosts_pids}
