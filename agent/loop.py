@@ -30,6 +30,7 @@ from agent.chat import ChatRenderer
 from agent.engines.protocols import Engine, EngineError, SamplingParams
 from agent.protocols import AsyncEnv, agent_ended, env_id_of
 from agent.records import Segment, Trajectory
+from envs.protocols import ResetInfo
 
 __all__ = ["AgentConfig", "AsyncEnv", "env_id_of", "render_drift", "run_episode"]
 
@@ -96,20 +97,12 @@ async def run_episode(
     t_start = time.perf_counter()
     obs, info = await env.areset(seed=seed, options=options)
     timings["env_s"] += time.perf_counter() - t_start
-    task_id = task_id or str(info.get("task_id", "unknown"))
-    tools = info.get("tools") or None
-    messages = chat.initial_messages(info.get("system_prompt"), obs, tools)
-    ids = chat.render_prompt(messages, tools)
+    task_id, tools, messages, ids = _first_prompt(chat, cfg, task_id, obs, info)
     segments = [Segment("prompt", tuple(ids))]
     status, end_info = "ok", dict[str, Any](info)
     stop_ids = tuple(chat.stop_token_ids())
     seen_before_last: list[int] = list(ids)
     messages_before_last = list(messages)
-    if len(ids) >= cfg.max_context_tokens:
-        raise ValueError(
-            f"task {task_id}: the first prompt is {len(ids)} tokens, max_context_tokens is {cfg.max_context_tokens}; "
-            "raise rollout.max_context_tokens or shorten the system prompt / task"
-        )
     try:
         for _turn in range(cfg.max_turns):
             room = cfg.max_context_tokens - len(ids)
@@ -151,14 +144,7 @@ async def run_episode(
             messages.append(message)
         raise _EndEpisode("truncated", "max_turns")
     except _EndEpisode as end:
-        status = end.status
-        if end.reason != "env":
-            end_info.setdefault("truncation_reason", end.reason)
-        if status == "infra_error":
-            end_info["infra_error"] = end.reason
-        elif end.reason != "env":
-            segments = await _grade_agent_end(env, end.reason, segments, end_info)
-            status = "infra_error" if end_info.get("infra_error") else status
+        status, segments = await _ended(env, end, segments, end_info)
     timings["total_s"] = time.perf_counter() - t_start
     end_info["turns"] = turns
     if check_render:
@@ -167,6 +153,38 @@ async def run_episode(
         end_info["render_drift"], end_info["render_drift_at"] = render_drift(seen_before_last, fresh)
     reward = sum(s.reward or 0.0 for s in segments)
     return Trajectory(task_id, env_id_of(env), tuple(segments), reward, status, end_info, timings)  # type: ignore[arg-type]
+
+
+def _first_prompt(
+    chat: ChatRenderer, cfg: AgentConfig, task_id: str | None, obs: str, info: ResetInfo
+) -> tuple[str, list[dict[str, Any]] | None, list[dict[str, Any]], list[int]]:
+    """(task id, tools, messages, token ids) of the first prompt; the task id is the env's unless given. A first
+    prompt that alone fills ``max_context_tokens`` is a config error (``ValueError``)."""
+    task_id = task_id or str(info.get("task_id", "unknown"))
+    tools = info.get("tools") or None
+    messages = chat.initial_messages(info.get("system_prompt"), obs, tools)
+    ids = chat.render_prompt(messages, tools)
+    if len(ids) >= cfg.max_context_tokens:
+        raise ValueError(
+            f"task {task_id}: the first prompt is {len(ids)} tokens, max_context_tokens is {cfg.max_context_tokens}; "
+            "raise rollout.max_context_tokens or shorten the system prompt / task"
+        )
+    return task_id, tools, messages, ids
+
+
+async def _ended(
+    env: AsyncEnv, end: _EndEpisode, segments: list[Segment], end_info: dict[str, Any]
+) -> tuple[str, list[Segment]]:
+    """The episode's status and segments once ``end`` ended it (an agent's limit: graded by the env first)."""
+    status = end.status
+    if end.reason != "env":
+        end_info.setdefault("truncation_reason", end.reason)
+    if status == "infra_error":
+        end_info["infra_error"] = end.reason
+    elif end.reason != "env":
+        segments = await _grade_agent_end(env, end.reason, segments, end_info)
+        status = "infra_error" if end_info.get("infra_error") else status
+    return status, segments
 
 
 async def _grade_agent_end(

@@ -46,7 +46,8 @@ OnTrajectory = Callable[[Trajectory], Awaitable[None] | None] | asyncio.Queue[Tr
 @dataclass(frozen=True)
 class Episode:
     """One episode to play: ``task`` (a task record, or ``None`` for the env's own seeded draw), the reset
-    ``seed``, and ``index`` (its position in the stream; also names the task when the record has no id)."""
+    ``seed``, and ``index`` (its position in the stream; also names the task when the record has no id).
+    ``task_id``: given, or else ``tid`` names it by ``task_id_of``."""
 
     index: int
     task: Any = None
@@ -57,9 +58,15 @@ class Episode:
     def options(self) -> dict[str, Any] | None:
         return None if self.task is None else {"task": self.task}
 
+    @property
+    def tid(self) -> str:
+        """The task id this episode's records carry: ``task_id``, else ``task_id_of(task, index)``."""
+        return self.task_id or task_id_of(self.task, self.index)
+
 
 def task_id_of(task: Any, index: int) -> str:
-    """A task record's id (``task_id``, ``instance_id`` or ``id``), else ``task-<index>``."""
+    """A task record's id (``task_id``, ``instance_id`` or ``id``), else ``task-<index>``: the one rule that names
+    a task, for every episode source (``episodes_of``, the trainer's task source, the runners)."""
     if isinstance(task, dict):
         for key in ("task_id", "instance_id", "id"):
             if task.get(key) not in (None, ""):
@@ -152,7 +159,7 @@ class ChatPlayer:
     max_turns: int = 32
 
     async def play(self, env: AsyncEnv, episode: Episode) -> Trajectory:
-        model = self.per_task(episode.task_id or "") if self.per_task is not None else self.model
+        model = self.per_task(episode.tid) if self.per_task is not None else self.model
         if model is None:
             raise ValueError("ChatPlayer needs a model or a per_task factory")
         return await run_chat_episode(
@@ -265,9 +272,9 @@ class EpisodeRunner:
         """Play one episode in a fresh env and close it; never raises (a failure is an infra_error record)."""
         t0 = time.perf_counter()
         env: Any = None
-        task_id = episode.task_id or task_id_of(episode.task, episode.index)
+        task_id = episode.tid
         if episode.task_id is None:
-            episode = Episode(episode.index, episode.task, episode.seed, task_id)
+            episode = dataclasses.replace(episode, task_id=task_id)
         try:
             env = self.env_factory()
             traj = await self.player.play(env, episode)

@@ -300,11 +300,13 @@ def _worker_init() -> None:
     register_bench_algorithms()
 
 
-def run(lc: LearningConfig, echo: Callable[[str], None] = print) -> dict[str, Any]:
-    """Every (task, variant, seed) run, the table, JSON + PNGs; returns the JSON document. With ``lc.jobs`` > 1
-    the warm starts, then the runs, go to that many worker processes (one torch thread each)."""
-    spec = deep_update(load_yaml(lc.config), lc.overrides)
-    task_names = lc.tasks or tuple(spec.get("tasks", {}))
+Plan = list[tuple[str, str, int, int]]
+"""(task, variant, seed, steps) of every run, in order."""
+WarmCall = tuple[dict[str, Any], dict[str, Any], str]
+"""A ``_warm_job``'s arguments: the family's run config, its ``warm_start`` spec, the output folder."""
+
+
+def _check_selection(lc: LearningConfig, spec: dict[str, Any], task_names: tuple[str, ...]) -> None:
     bad_t = [n for n in task_names if n not in spec.get("tasks", {})]
     if bad_t:
         raise ValueError(f"unknown task(s) {bad_t}; {lc.config} defines {list(spec.get('tasks', {}))}")
@@ -315,15 +317,15 @@ def run(lc: LearningConfig, echo: Callable[[str], None] = print) -> dict[str, An
         raise ValueError("--seeds needs at least one seed, e.g. 0,1,2")
     if lc.jobs < 1:
         raise ValueError(f"--jobs must be >= 1, got {lc.jobs}")
-    tiny_model_threads(1)
-    register_bench_algorithms()
-    lc.out.mkdir(parents=True, exist_ok=True)
-    doc: dict[str, Any] = {"benchmark": "learning", "seeds": list(lc.seeds), "smooth": lc.smooth, "tasks": {},
-                           "jobs": lc.jobs, "warm_starts": {}}  # fmt: skip
-    t_all = time.perf_counter()
+
+
+def _plan(
+    lc: LearningConfig, spec: dict[str, Any], task_names: tuple[str, ...]
+) -> tuple[dict[str, tuple[Path, int]], dict[tuple[str, int], WarmCall], Plan]:
+    """Each family's tokenizer, the warm starts (one per family and seed) and the runs."""
     toks: dict[str, tuple[Path, int]] = {}
-    warm_calls: dict[tuple[str, int], tuple[dict[str, Any], dict[str, Any], str]] = {}
-    plan: list[tuple[str, str, int, int]] = []  # task, variant, seed, steps
+    warm_calls: dict[tuple[str, int], WarmCall] = {}
+    plan: Plan = []
     for task in task_names:
         task_spec = spec["tasks"][task]
         fam_name = str(task_spec.get("family", task))
@@ -341,6 +343,13 @@ def run(lc: LearningConfig, echo: Callable[[str], None] = print) -> dict[str, An
                     wcfg["env"] = dict(ws.get("env", wcfg["env"]))
                     out_dir = str(lc.out / "families" / fam_name / f"warm_seed{seed}")
                     warm_calls[(fam_name, seed)] = (wcfg, ws, out_dir)
+    return toks, warm_calls, plan
+
+
+def _warm_starts(
+    lc: LearningConfig, warm_calls: dict[tuple[str, int], WarmCall], echo: Callable[[str], None]
+) -> dict[tuple[str, int], tuple[str, dict[str, Any]]]:
+    """(family, seed) -> (model dir, check) of every warm start, in ``lc.jobs`` workers."""
     keys = list(warm_calls)
 
     def warm_done(i: int, res: Any) -> None:
@@ -349,15 +358,13 @@ def run(lc: LearningConfig, echo: Callable[[str], None] = print) -> dict[str, An
              f"{c['acc']:.2f}, entropy {c['entropy']:.2f} nats "
              + " ".join(f"[{r}: p {v['p_right']:.2f}]" for r, v in c["by_rule"].items()))  # fmt: skip
 
-    warm = dict(zip(keys, map_in_workers(_warm_job, [warm_calls[k] for k in keys], lc.jobs, warm_done), strict=True))
-    doc["warm_starts"] = {f"{f}/seed{s}": {"model": m, "check": c} for (f, s), (m, c) in warm.items()}
-    calls, cfgs = [], []
-    for task, variant, seed, steps in plan:
-        fam_name = str(spec["tasks"][task].get("family", task))
-        model_path = warm[(fam_name, seed)][0] if (fam_name, seed) in warm else None
-        cfg = run_config(spec, task, variant, seed, steps, *toks[fam_name], model_path)
-        cfgs.append(cfg)
-        calls.append((cfg, str(lc.out / "runs" / task / f"{variant}_seed{seed}")))
+    return dict(zip(keys, map_in_workers(_warm_job, [warm_calls[k] for k in keys], lc.jobs, warm_done), strict=True))
+
+
+def _runs(
+    lc: LearningConfig, plan: Plan, calls: list[tuple[dict[str, Any], str]], t_all: float, echo: Callable[[str], None]
+) -> list[tuple[list[dict[str, Any]], float]]:
+    """Every planned run's (metrics rows, wall seconds), in ``lc.jobs`` workers."""
 
     def run_done(i: int, res: Any) -> None:
         task, variant, seed, _ = plan[i]
@@ -370,32 +377,65 @@ def run(lc: LearningConfig, echo: Callable[[str], None] = print) -> dict[str, An
         )
 
     results_seen = [False] * len(plan)
-    results = map_in_workers(_run_job, calls, lc.jobs, run_done)
-    for task in task_names:
-        task_spec = spec["tasks"][task]
-        shift = None
-        if task_spec.get("post_shift_steps"):
-            shift = (int(task_spec["env"]["kwargs"]["shift_every"]), int(task_spec["post_shift_steps"]))
-        threshold = float(task_spec.get("threshold", 0.5))
-        entry: dict[str, Any] = {
-            "label": task_spec.get("label", task),
-            "claim": task_spec.get("claim", ""),
-            "threshold": threshold,
-            "variants": {},
+    return map_in_workers(_run_job, calls, lc.jobs, run_done)
+
+
+def _task_entry(
+    lc: LearningConfig, spec: dict[str, Any], task: str, plan: Plan, cfgs: list[dict[str, Any]],
+    results: list[tuple[list[dict[str, Any]], float]],
+) -> dict[str, Any]:  # fmt: skip
+    """One task's document: its label, claim, threshold, and each variant's summary and curves over the seeds."""
+    task_spec = spec["tasks"][task]
+    shift = None
+    if task_spec.get("post_shift_steps"):
+        shift = (int(task_spec["env"]["kwargs"]["shift_every"]), int(task_spec["post_shift_steps"]))
+    threshold = float(task_spec.get("threshold", 0.5))
+    entry: dict[str, Any] = {
+        "label": task_spec.get("label", task),
+        "claim": task_spec.get("claim", ""),
+        "threshold": threshold,
+        "variants": {},
+    }
+    for variant in task_variants(spec, task, lc.variants):
+        idx = [i for i, p in enumerate(plan) if p[0] == task and p[1] == variant]
+        curves = [run_curves(results[i][0]) for i in idx]
+        s = summarize_runs(curves, threshold, lc.smooth, lc.final_frac, shift)
+        s["wall_s_mean"] = sum(results[i][1] for i in idx) / len(idx)
+        entry["variants"][variant] = {
+            "label": spec["variants"][variant].get("label", variant),
+            "uses_critic": _uses_critic(cfgs[idx[0]]),
+            "summary": s,
+            "curves": curves,
+            "config": cfgs[idx[0]],
         }
-        doc["tasks"][task] = entry
-        for variant in task_variants(spec, task, lc.variants):
-            idx = [i for i, p in enumerate(plan) if p[0] == task and p[1] == variant]
-            curves = [run_curves(results[i][0]) for i in idx]
-            s = summarize_runs(curves, threshold, lc.smooth, lc.final_frac, shift)
-            s["wall_s_mean"] = sum(results[i][1] for i in idx) / len(idx)
-            entry["variants"][variant] = {
-                "label": spec["variants"][variant].get("label", variant),
-                "uses_critic": _uses_critic(cfgs[idx[0]]),
-                "summary": s,
-                "curves": curves,
-                "config": cfgs[idx[0]],
-            }
+    return entry
+
+
+def run(lc: LearningConfig, echo: Callable[[str], None] = print) -> dict[str, Any]:
+    """Every (task, variant, seed) run, the table, JSON + PNGs; returns the JSON document. With ``lc.jobs`` > 1
+    the warm starts, then the runs, go to that many worker processes (one torch thread each)."""
+    spec = deep_update(load_yaml(lc.config), lc.overrides)
+    task_names = lc.tasks or tuple(spec.get("tasks", {}))
+    _check_selection(lc, spec, task_names)
+    tiny_model_threads(1)
+    register_bench_algorithms()
+    lc.out.mkdir(parents=True, exist_ok=True)
+    doc: dict[str, Any] = {"benchmark": "learning", "seeds": list(lc.seeds), "smooth": lc.smooth, "tasks": {},
+                           "jobs": lc.jobs, "warm_starts": {}}  # fmt: skip
+    t_all = time.perf_counter()
+    toks, warm_calls, plan = _plan(lc, spec, task_names)
+    warm = _warm_starts(lc, warm_calls, echo)
+    doc["warm_starts"] = {f"{f}/seed{s}": {"model": m, "check": c} for (f, s), (m, c) in warm.items()}
+    calls, cfgs = [], []
+    for task, variant, seed, steps in plan:
+        fam_name = str(spec["tasks"][task].get("family", task))
+        model_path = warm[(fam_name, seed)][0] if (fam_name, seed) in warm else None
+        cfg = run_config(spec, task, variant, seed, steps, *toks[fam_name], model_path)
+        cfgs.append(cfg)
+        calls.append((cfg, str(lc.out / "runs" / task / f"{variant}_seed{seed}")))
+    results = _runs(lc, plan, calls, t_all, echo)
+    for task in task_names:
+        doc["tasks"][task] = _task_entry(lc, spec, task, plan, cfgs, results)
     doc["total_wall_s"] = time.perf_counter() - t_all
     _print_summary(doc, echo)
     write_json(lc.out / "learning.json", doc)

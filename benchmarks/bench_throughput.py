@@ -297,66 +297,70 @@ def _fmt(x: float | None, spec: str) -> str:
     return "-" if x is None or not math.isfinite(x) else format(x, spec)
 
 
-def run(bc: ThroughputConfig, echo: Callable[[str], None] = print) -> dict[str, Any]:
-    """Run every variant, print the table, write JSON + PNG; returns the JSON document."""
-    import benchmarks.latency_env as latency_env  # registers sao/Latency-v0 for the runs below
+def _latency(
+    first: dict[str, Any], latency: bool, echo: Callable[[str], None]
+) -> tuple[dict[str, Any], dict[str, float]]:
+    """The env's per-turn latency settings and lognormal stats (both empty off the latency env), echoed."""
+    from benchmarks.latency_env import lognormal_stats
 
-    spec = load_yaml(bc.config)
-    bc.out.mkdir(parents=True, exist_ok=True)
-    latency = uses_latency_env(spec)
-    tokenizer, vocab = make_tokenizer(spec, bc.out) if latency else (None, None)
-    cfgs = variant_configs(bc, spec, tokenizer, vocab)
-    first = next(iter(cfgs.values()))
     lat: dict[str, Any] = first["env"].get("kwargs", {}) if latency else {}
     stats: dict[str, float] = {}
     if latency:
-        stats = latency_env.lognormal_stats(float(lat.get("median_s", 0.1)), float(lat.get("sigma", 1.0)))
+        stats = lognormal_stats(float(lat.get("median_s", 0.1)), float(lat.get("sigma", 1.0)))
         echo(
             f"per-turn latency lognormal: median {stats['p50']:.3f}s, mean {stats['mean']:.3f}s, "
             f"p90 {stats['p90']:.3f}s, p99 {stats['p99']:.3f}s (cap {lat.get('max_s', 30.0)}s)"
         )
     else:
         echo(f"env {first['env']['id']}, model {first['model']['path']}, engine {first['rollout'].get('engine', 'hf')}")
-    echo(f"variants: {', '.join(cfgs)}; load average at start {os.getloadavg()[0]:.1f}")
-    results: dict[str, dict[str, Any]] = {}
-    t_all = time.perf_counter()
-    for name, cfg in cfgs.items():
-        label = str(spec["variants"][name].get("label", name))
-        threads = int(spec["variants"][name].get("threads", 0))
-        echo(f"[{name}] {label}: {cfg['run']['total_steps']} steps ...")
-        load0 = os.getloadavg()[0]
-        child = _train_in_fresh_process(cfg, bc.out / "runs" / name, threads)
-        rows = child["rows"]
-        s = summarize(rows, bc.warmup_steps)
-        cores = steady_cores(rows, child["samples"], bc.warmup_steps)
-        # load-independent cost: trainer CPU seconds per trained trajectory over the steady steps
-        s["trainer_cpu_s_per_traj"] = cores.get("trainer", float("nan")) / max(s["trained_per_s"], 1e-12)
-        results[name] = {
-            "label": label,
-            "algorithm": str(cfg.get("trainer", {}).get("algorithm", "sao")),
-            "concurrency": int(cfg.get("rollout", {}).get("concurrency", 0)),
-            "torch_threads": child["torch_threads"],
-            "wall_s": child["wall_s"],
-            "load_avg_1m": {"start": load0, "end": os.getloadavg()[0]},
-            "summary": s,
-            "cores": cores,
-            "cpu_count": child["cpu_count"],
-            "sandboxes_measured": child["sandboxes_measured"],
-            "config": cfg,
-        }
-        (bc.out / "runs" / f"{name}.cpu.json").write_text(json.dumps(child["samples"]))
-        write_json(bc.out / "throughput.partial.json", {"done": list(results), "results": results})  # long runs
-        echo(
-            f"[{name}] {s['trained_per_s']:.3f} traj/s, idle {s['trainer_idle_frac']:.3f}, "
-            f"lag {s['policy_lag_mean']:.2f}, learner {_fmt(s.get('time_learner_s'), '.1f')} s/step "
-            f"(actor {_fmt(s.get('time_actor_s'), '.1f')}, critic {_fmt(s.get('time_critic_s'), '.1f')}, "
-            f"values {_fmt(s.get('time_values_s'), '.1f')}), cores: trainer {_fmt(cores.get('trainer'), '.2f')} "
-            f"vLLM {_fmt(cores.get('vllm'), '.2f')} sandboxes {_fmt(cores.get('sandboxes'), '.2f')} "
-            f"machine {_fmt(cores.get('machine'), '.2f')}/{child['cpu_count']}, {child['wall_s']:.0f}s"
-        )
-    base = results.get(BASELINE, {}).get("summary", {}).get("trained_per_s")
-    for r in results.values():
-        r["summary"]["ratio_vs_sync_grpo"] = r["summary"]["trained_per_s"] / base if base else float("nan")
+    return lat, stats
+
+
+def _run_variant(
+    bc: ThroughputConfig, spec: dict[str, Any], name: str, cfg: dict[str, Any], echo: Callable[[str], None]
+) -> dict[str, Any]:
+    """One variant's run in a fresh process, summarized over the steady steps (its CPU samples written aside)."""
+    label = str(spec["variants"][name].get("label", name))
+    threads = int(spec["variants"][name].get("threads", 0))
+    echo(f"[{name}] {label}: {cfg['run']['total_steps']} steps ...")
+    load0 = os.getloadavg()[0]
+    child = _train_in_fresh_process(cfg, bc.out / "runs" / name, threads)
+    rows = child["rows"]
+    s = summarize(rows, bc.warmup_steps)
+    cores = steady_cores(rows, child["samples"], bc.warmup_steps)
+    # load-independent cost: trainer CPU seconds per trained trajectory over the steady steps
+    s["trainer_cpu_s_per_traj"] = cores.get("trainer", float("nan")) / max(s["trained_per_s"], 1e-12)
+    result = {
+        "label": label,
+        "algorithm": str(cfg.get("trainer", {}).get("algorithm", "sao")),
+        "concurrency": int(cfg.get("rollout", {}).get("concurrency", 0)),
+        "torch_threads": child["torch_threads"],
+        "wall_s": child["wall_s"],
+        "load_avg_1m": {"start": load0, "end": os.getloadavg()[0]},
+        "summary": s,
+        "cores": cores,
+        "cpu_count": child["cpu_count"],
+        "sandboxes_measured": child["sandboxes_measured"],
+        "config": cfg,
+    }
+    (bc.out / "runs" / f"{name}.cpu.json").write_text(json.dumps(child["samples"]))
+    return result
+
+
+def _echo_variant(name: str, r: dict[str, Any], echo: Callable[[str], None]) -> None:
+    s, cores = r["summary"], r["cores"]
+    echo(
+        f"[{name}] {s['trained_per_s']:.3f} traj/s, idle {s['trainer_idle_frac']:.3f}, "
+        f"lag {s['policy_lag_mean']:.2f}, learner {_fmt(s.get('time_learner_s'), '.1f')} s/step "
+        f"(actor {_fmt(s.get('time_actor_s'), '.1f')}, critic {_fmt(s.get('time_critic_s'), '.1f')}, "
+        f"values {_fmt(s.get('time_values_s'), '.1f')}), cores: trainer {_fmt(cores.get('trainer'), '.2f')} "
+        f"vLLM {_fmt(cores.get('vllm'), '.2f')} sandboxes {_fmt(cores.get('sandboxes'), '.2f')} "
+        f"machine {_fmt(cores.get('machine'), '.2f')}/{r['cpu_count']}, {r['wall_s']:.0f}s"
+    )
+
+
+def _echo_tables(results: dict[str, dict[str, Any]], echo: Callable[[str], None]) -> None:
+    """The throughput table, then where the time and the CPU go."""
     headers = ["variant", "traj/s", "x sync GRPO", "trainer idle", "mean lag", "max lag", "dropped", "step s"]
     table = [
         [
@@ -388,7 +392,9 @@ def run(bc: ThroughputConfig, echo: Callable[[str], None] = print) -> dict[str, 
         for r in results.values()
     ]
     print_table(headers2, table2, echo)
-    goal: dict[str, Any] = goal_check(results) if base else {}
+
+
+def _echo_goal(goal: dict[str, Any], results: dict[str, dict[str, Any]], echo: Callable[[str], None]) -> None:
     if goal.get("variants"):
         echo(
             f"\ngoal (SAO >= {GOAL_RATIO:g}x sync GRPO, idle < {GOAL_IDLE:.0%}, mean lag <= {GOAL_LAG:g}): "
@@ -398,6 +404,32 @@ def run(bc: ThroughputConfig, echo: Callable[[str], None] = print) -> dict[str, 
                 for n, g in goal["variants"].items()
             )
         )
+
+
+def run(bc: ThroughputConfig, echo: Callable[[str], None] = print) -> dict[str, Any]:
+    """Run every variant, print the table, write JSON + PNG; returns the JSON document."""
+    import benchmarks.latency_env  # noqa: F401 - registers sao/Latency-v0 for the runs below
+
+    spec = load_yaml(bc.config)
+    bc.out.mkdir(parents=True, exist_ok=True)
+    latency = uses_latency_env(spec)
+    tokenizer, vocab = make_tokenizer(spec, bc.out) if latency else (None, None)
+    cfgs = variant_configs(bc, spec, tokenizer, vocab)
+    first = next(iter(cfgs.values()))
+    lat, stats = _latency(first, latency, echo)
+    echo(f"variants: {', '.join(cfgs)}; load average at start {os.getloadavg()[0]:.1f}")
+    results: dict[str, dict[str, Any]] = {}
+    t_all = time.perf_counter()
+    for name, cfg in cfgs.items():
+        results[name] = _run_variant(bc, spec, name, cfg, echo)
+        write_json(bc.out / "throughput.partial.json", {"done": list(results), "results": results})  # long runs
+        _echo_variant(name, results[name], echo)
+    base = results.get(BASELINE, {}).get("summary", {}).get("trained_per_s")
+    for r in results.values():
+        r["summary"]["ratio_vs_sync_grpo"] = r["summary"]["trained_per_s"] / base if base else float("nan")
+    _echo_tables(results, echo)
+    goal: dict[str, Any] = goal_check(results) if base else {}
+    _echo_goal(goal, results, echo)
     doc = {
         "benchmark": "throughput",
         "latency": {**lat, **{f"{k}_s": v for k, v in stats.items()}},

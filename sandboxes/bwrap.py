@@ -47,6 +47,7 @@ import shutil
 import signal
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
@@ -79,6 +80,25 @@ def _root_args(extra_ro: tuple[str, ...]) -> list[str]:
     for extra in extra_ro:
         args += ["--ro-bind", extra, extra]
     return args
+
+
+class _MarkedOutput:
+    """The jail's output without bwrap's start marker: ``started`` is None until the output shows whether it begins
+    with the marker (True: the command ran; False: bwrap's own output)."""
+
+    def __init__(self, marker: bytes, capper: OutputCapper) -> None:
+        self.marker, self.capper = marker, capper
+        self.head = bytearray()  # the output until it shows whether it starts with the marker
+        self.started: bool | None = None
+
+    def feed(self, chunk: bytes) -> None:
+        if self.started is None:
+            self.head.extend(chunk)
+            if len(self.head) < len(self.marker) and self.marker.startswith(bytes(self.head)):
+                return
+            self.started = self.head.startswith(self.marker)
+            chunk = bytes(self.head[len(self.marker) :] if self.started else self.head)
+        self.capper.feed(chunk)
 
 
 class BwrapSandbox:
@@ -129,6 +149,35 @@ class BwrapSandbox:
         if self._closed:
             raise SandboxError("exec on a closed sandbox")
         t0 = time.monotonic()
+        proc = await self._spawn(cmd, workdir, env)
+        output = _MarkedOutput(self._marker, OutputCapper(self.cfg.output_cap_bytes))
+        used_before = await asyncio.to_thread(self.disk_used)
+
+        def over() -> bool:
+            # Over the limit and still growing: a command that only reads or deletes may run while over it.
+            used = self.disk_used()
+            return used > self.cfg.disk_bytes and used > used_before
+
+        timed_out, disk_full = await self._pump(proc, output, over, timeout)
+        code, timed_out = await self._reap(proc, timed_out, timeout)
+        capper = output.capper
+        out = capper.text()
+        if output.started is None:  # the output ended before the marker was complete
+            capper.feed(bytes(output.head))
+        if not timed_out and code != 0 and not output.started:
+            # bwrap itself failed (not the command): e.g. no user namespaces on this kernel.
+            raise SandboxUnavailableError(f"bwrap cannot run here: {out.strip()[:500]}")
+        return ExecResult(
+            exit_code=124 if timed_out else (128 - code if code < 0 else code),
+            output=out,
+            timed_out=timed_out,
+            truncated=capper.truncated,
+            duration_s=time.monotonic() - t0,
+            disk_full=disk_full or await asyncio.to_thread(over),
+        )
+
+    async def _spawn(self, cmd: str, workdir: str | None, env: dict[str, str] | None) -> asyncio.subprocess.Process:
+        """bwrap running ``cmd``, in a session of its own (one ``killpg`` ends the jail), output on one pipe."""
         try:
             proc = await asyncio.create_subprocess_exec(
                 *self.argv(cmd, workdir, env),
@@ -140,31 +189,19 @@ class BwrapSandbox:
         except OSError as e:
             raise SandboxUnavailableError(f"bwrap could not be started ({e}); reinstall bubblewrap") from e
         assert proc.stdout is not None
-        capper = OutputCapper(self.cfg.output_cap_bytes)
-        timed_out = False
+        return proc
 
+    async def _pump(
+        self, proc: asyncio.subprocess.Process, output: _MarkedOutput, over: Callable[[], bool], timeout: float
+    ) -> tuple[bool, bool]:
+        """Read the output until it ends, ``timeout`` passes or ``over()`` (checked every ``disk_check_s``) kills
+        the jail; the jail is killed on the way out unless it ended. Returns (timed out, disk full)."""
         disk_full = False
-        used_before = await asyncio.to_thread(self.disk_used)
-
-        def over() -> bool:
-            # Over the limit and still growing: a command that only reads or deletes may run while over it.
-            used = self.disk_used()
-            return used > self.cfg.disk_bytes and used > used_before
-
-        head = bytearray()  # the output until it shows whether it starts with the marker
-        started: bool | None = None
 
         async def pump() -> None:
-            nonlocal started
             assert proc.stdout is not None
             while chunk := await proc.stdout.read(256 * 1024):
-                if started is None:
-                    head.extend(chunk)
-                    if len(head) < len(self._marker) and self._marker.startswith(bytes(head)):
-                        continue
-                    started = head.startswith(self._marker)
-                    chunk = bytes(head[len(self._marker) :] if started else head)
-                capper.feed(chunk)
+                output.feed(chunk)
 
         async def watch_disk() -> None:
             nonlocal disk_full
@@ -176,6 +213,7 @@ class BwrapSandbox:
                         os.killpg(proc.pid, signal.SIGKILL)
                     return
 
+        timed_out = False
         watcher = asyncio.create_task(watch_disk())
         try:
             await asyncio.wait_for(pump(), timeout)
@@ -187,6 +225,10 @@ class BwrapSandbox:
                 # Killing bwrap kills the jail's PID 1, which takes every process of the jail with it.
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
+        return timed_out, disk_full
+
+    async def _reap(self, proc: asyncio.subprocess.Process, timed_out: bool, timeout: float) -> tuple[int, bool]:
+        """(exit code, timed out): bwrap's exit, killed again if it does not come in time."""
         try:
             code = await asyncio.wait_for(proc.wait(), self.cfg.kill_grace_s if timed_out else timeout + 1)
         except TimeoutError:
@@ -194,20 +236,7 @@ class BwrapSandbox:
                 os.killpg(proc.pid, signal.SIGKILL)
             code = await proc.wait()
             timed_out = True
-        out = capper.text()
-        if started is None:  # the output ended before the marker was complete
-            capper.feed(bytes(head))
-        if not timed_out and code != 0 and not started:
-            # bwrap itself failed (not the command): e.g. no user namespaces on this kernel.
-            raise SandboxUnavailableError(f"bwrap cannot run here: {out.strip()[:500]}")
-        return ExecResult(
-            exit_code=124 if timed_out else (128 - code if code < 0 else code),
-            output=out,
-            timed_out=timed_out,
-            truncated=capper.truncated,
-            duration_s=time.monotonic() - t0,
-            disk_full=disk_full or await asyncio.to_thread(over),
-        )
+        return code, timed_out
 
     def disk_used(self) -> int:
         """Bytes of the files under ``/work`` (the only writable place that outlives a command)."""

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from agent.records import Trajectory
-from agent.rollout import Episode, infra_error_trajectory
+from agent.rollout import Episode, infra_error_trajectory, task_id_of
 from trainer.ledger import Ledger
 from trainer.stopping import InfraStreak, RolloutsLost
 
@@ -64,17 +64,18 @@ class Counters:
 
 
 class TaskSource:
-    """Task ``i`` -> (seed, reset options): a list of task records, or the env's own seeded sampler."""
+    """Task ``i`` -> (seed, reset options, task id by ``task_id_of``): a list of task records, or the env's own
+    seeded sampler."""
 
     def __init__(self, tasks: list[dict[str, Any]] | None, seed: int) -> None:
         self.tasks, self.seed = tasks, seed
 
-    def get(self, index: int) -> tuple[int, dict[str, Any] | None, str | None]:
+    def get(self, index: int) -> tuple[int, dict[str, Any] | None, str]:
         seed = self.seed * 1_000_003 + index
         if not self.tasks:
-            return seed, None, None
+            return seed, None, task_id_of(None, index)
         task = self.tasks[index % len(self.tasks)]
-        return seed, {"task": task}, str(task.get("id", task.get("instance_id", index)))
+        return seed, {"task": task}, task_id_of(task, index)
 
 
 class Coordinator:
@@ -195,16 +196,16 @@ class Coordinator:
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
-    async def _one(self, index: int, seed: int, options: dict[str, Any] | None, task_id: str | None) -> Trajectory:
+    async def _one(self, index: int, seed: int, options: dict[str, Any] | None, task_id: str) -> Trajectory:
         self.counters.episodes_started += 1
         task = None if options is None else options.get("task")
         try:
             return await self.runner.run_one(Episode(index, task, seed, task_id))
         except Exception as e:  # the runner records episode failures itself; this guards a runner that raised
-            return infra_error_trajectory(task_id or str(index), "unknown", e)
+            return infra_error_trajectory(task_id, "unknown", e)
 
     async def _group(
-        self, index: int, seed: int, options: dict[str, Any] | None, task_id: str | None, n: int, start: int
+        self, index: int, seed: int, options: dict[str, Any] | None, task_id: str, n: int, start: int
     ) -> None:
         # Every member resets with the same seed and options: with the env's own sampler the seed picks the task,
         # so a different seed per member would give each member a different prompt (and no group baseline).

@@ -35,6 +35,7 @@ from trainer.ledger import Ledger, replay
 from trainer.metrics import MetricsWriter, plot_run
 from trainer.pipeline import Coordinator, Item, TaskSource
 from trainer.progress import TrainProgress
+from trainer.rollout_stack import episode_runner
 from trainer.run_folder import (
     checkpoint_paths,
     commit_checkpoint,
@@ -348,9 +349,6 @@ class Trainer:
 
     async def _setup(self) -> _Session:
         """Ledger and metrics (replayed on resume), the inference engine, and the coordinator, started."""
-        from agent.loop import AgentConfig
-        from agent.rollout import EpisodeRunner, RunnerConfig, TokenPlayer, env_factory
-
         cfg, t, spec = self.cfg, self.cfg.trainer, self.cfg.algorithm
         ledger = Ledger(self.run_dir / "trajectories.jsonl")
         metrics = MetricsWriter(self.run_dir, cfg.run.tensorboard, cfg.run.wandb_project)
@@ -361,17 +359,10 @@ class Trainer:
         engine = self._make_engine()
         if self.state is not None and self.version > 0:
             await self._sync_weights(engine)
-        agent_cfg = AgentConfig(
-            max_context_tokens=cfg.rollout.max_context_tokens,
-            max_action_tokens=cfg.rollout.max_tokens,
-            max_turns=cfg.rollout.max_turns,
-            temperature=cfg.rollout.temperature,
-        )
-        player = TokenPlayer(engine, self.tokenizer, agent_cfg, render_check_every=cfg.rollout.render_check_every)
         runner: Any = (
             self.cluster.runner  # episodes on the Ray rollout workers
             if self.cluster is not None
-            else EpisodeRunner(env_factory(cfg.env.id, cfg.env.kwargs), player, RunnerConfig(cfg.rollout.concurrency))
+            else episode_runner(cfg, engine, self.tokenizer)
         )
         coord = Coordinator(
             runner,

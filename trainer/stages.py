@@ -37,26 +37,16 @@ from typing import Any
 from agent.engines.protocols import Engine
 from agent.engines.registry import InProcessArgs, engine_spec, make_demonstrator
 from agent.records import Trajectory
+from agent.rollout import episodes_of
 from trainer import distributed as dist_utils
 from trainer.config import Config, ConfigError, save_config
 from trainer.env_tasks import load_env_tasks
+from trainer.rollout_stack import episode_runner
 from trainer.run_folder import latest_checkpoint, write_json_atomic
 
 DONE = "done.json"
 TrainFn = Callable[..., Path]
 """`sao train`'s entry point, ``trainer.run.train(config_path, overrides, resume=)``, which a train stage runs."""
-
-
-def _agent_cfg(cfg: Config, temperature: float) -> Any:
-    from agent.loop import AgentConfig
-
-    r = cfg.rollout
-    return AgentConfig(
-        max_context_tokens=r.max_context_tokens,
-        max_action_tokens=r.max_tokens,
-        max_turns=r.max_turns,
-        temperature=temperature,
-    )
 
 
 def training_tasks(cfg: Config) -> list[dict[str, Any]]:
@@ -90,11 +80,18 @@ async def _rollouts(
     cfg: Config, engine: Any, tokenizer: Any, tasks: list[Any], out: Path, conc: int, temp: float,
     env_kwargs: dict[str, Any] | None = None,
 ) -> list[Trajectory]:  # fmt: skip
-    from agent.rollout import EpisodeRunner, RunnerConfig, TokenPlayer, env_factory, episodes_of
-
-    player = TokenPlayer(engine, tokenizer, _agent_cfg(cfg, temp))
-    make_env = env_factory(cfg.env.id, {**cfg.env.kwargs, **(env_kwargs or {})})
-    runner = EpisodeRunner(make_env, player, RunnerConfig(conc, cfg.run.progress), out_path=out)
+    # The stages record no render drift (rollout.render_check_every is the training run's).
+    runner = episode_runner(
+        cfg,
+        engine,
+        tokenizer,
+        temperature=temp,
+        render_check_every=0,
+        concurrency=conc,
+        progress=cfg.run.progress,
+        out_path=out,
+        env_kwargs=env_kwargs,
+    )
     got: list[Trajectory] = []
     try:
         await runner.run(episodes_of(tasks, seed=cfg.run.seed), on_trajectory=got.append)

@@ -50,6 +50,57 @@ def _exec(container: Any, cmd: str, timeout: float) -> tuple[int, str]:
     return int(res.exit_code), res.output.decode(errors="replace")
 
 
+def _start_container(client: Any, image: str, iid: str, mem_limit: str) -> Any:
+    """A detached, networkless container of ``image`` (which must be present) that waits for our commands."""
+    import docker
+
+    try:
+        client.images.get(image)
+    except docker.errors.ImageNotFound as e:
+        raise GradingInfraError(
+            f"image {image} of task {iid} is not present; build it (`sao tasks build`, or "
+            "`envs.swe.tasks.ensure_task_images`) or pull it from a reachable registry"
+        ) from e
+    return client.containers.run(
+        image,
+        command=["sleep", "infinity"],
+        detach=True,
+        network_mode="none",
+        mem_limit=mem_limit,
+        labels={"sao.owner_pid": str(os.getpid()), "sao.role": "swe-grader"},
+    )
+
+
+def _apply(container: Any, patch: str) -> tuple[bool, str]:
+    """(applied, the last attempt's log): the harness's commands in turn, the tree reset between attempts."""
+    _put(container, "/tmp/patch.diff", patch if patch.endswith("\n") else patch + "\n")
+    apply_log = ""
+    for i, cmd in enumerate(APPLY_CMDS):
+        if i:
+            _exec(container, "git checkout -- . && git clean -fdq", 60)
+        code, apply_log = _exec(container, cmd, 120)
+        if code == 0:
+            return True, apply_log
+    return False, apply_log
+
+
+def _run_eval(container: Any, spec: Any, pred: dict[str, Any], timeout: float) -> tuple[dict[str, Any], str]:
+    """(the harness's report, the log) of the spec's eval script run in ``container``."""
+    from swebench.harness.grading import get_eval_report
+
+    _put(container, "/eval.sh", spec.eval_script)
+    code, log = _exec(container, "/bin/bash /eval.sh", timeout)
+    if code in (124, 137) and ">>>>> End Test Output" not in log:
+        log += f"\n\nTimeout error: {timeout} seconds exceeded."
+    with tempfile.TemporaryDirectory(prefix="sao-grade-") as tmp:
+        log_path = Path(tmp) / "test_output.txt"
+        log_path.write_text(log)
+        report = get_eval_report(
+            test_spec=spec, prediction=pred, test_log_path=str(log_path), include_tests_status=True
+        )
+    return report, log
+
+
 def grade_patch(
     instance: dict[str, Any],
     patch: str,
@@ -62,7 +113,6 @@ def grade_patch(
     """Apply ``patch`` in a fresh container of ``instance["image"]``, run its eval script, grade the log.
     The Docker daemon is ``client``, else ``docker_host``, else the environment's (``DOCKER_HOST``)."""
     import docker
-    from swebench.harness.grading import get_eval_report
     from swebench.harness.utils import make_test_spec
 
     from envs.swe.tasks.instance import validate_instance
@@ -82,30 +132,8 @@ def grade_patch(
         if client is None:
             t = int(timeout) + 60
             client = docker.DockerClient(base_url=docker_host, timeout=t) if docker_host else docker.from_env(timeout=t)
-        try:
-            client.images.get(spec.image)
-        except docker.errors.ImageNotFound as e:
-            raise GradingInfraError(
-                f"image {spec.image} of task {iid} is not present; build it (`sao tasks build`, or "
-                "`envs.swe.tasks.ensure_task_images`) or pull it from a reachable registry"
-            ) from e
-        container = client.containers.run(
-            spec.image,
-            command=["sleep", "infinity"],
-            detach=True,
-            network_mode="none",
-            mem_limit=mem_limit,
-            labels={"sao.owner_pid": str(os.getpid()), "sao.role": "swe-grader"},
-        )
-        _put(container, "/tmp/patch.diff", patch if patch.endswith("\n") else patch + "\n")
-        applied, apply_log = False, ""
-        for i, cmd in enumerate(APPLY_CMDS):
-            if i:
-                _exec(container, "git checkout -- . && git clean -fdq", 60)
-            code, apply_log = _exec(container, cmd, 120)
-            if code == 0:
-                applied = True
-                break
+        container = _start_container(client, spec.image, iid, mem_limit)
+        applied, apply_log = _apply(container, patch)
         if not applied:
             report = {
                 iid: {
@@ -116,16 +144,7 @@ def grade_patch(
                 }
             }
             return GradeResult(False, report, log=apply_log, seconds=time.monotonic() - t0, applied=False)
-        _put(container, "/eval.sh", spec.eval_script)
-        code, log = _exec(container, "/bin/bash /eval.sh", timeout)
-        if code in (124, 137) and ">>>>> End Test Output" not in log:
-            log += f"\n\nTimeout error: {timeout} seconds exceeded."
-        with tempfile.TemporaryDirectory(prefix="sao-grade-") as tmp:
-            log_path = Path(tmp) / "test_output.txt"
-            log_path.write_text(log)
-            report = get_eval_report(
-                test_spec=spec, prediction=pred, test_log_path=str(log_path), include_tests_status=True
-            )
+        report, log = _run_eval(container, spec, pred, timeout)
         return GradeResult(bool(report[iid]["resolved"]), report, log=log, seconds=time.monotonic() - t0)
     except GradingInfraError:
         raise

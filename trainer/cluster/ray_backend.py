@@ -42,6 +42,7 @@ from agent.rollout import Episode, infra_error_trajectory
 from trainer.cluster.engine_host import EngineHostImpl
 from trainer.cluster.sandbox_host import RemoteSandbox, SandboxHostClient, SandboxHostImpl, episode_sandboxes
 from trainer.config import Config
+from trainer.rollout_stack import episode_runner
 
 NAMESPACE = "sao"
 
@@ -55,24 +56,14 @@ class RolloutWorkerImpl:
     """Plays episodes on this node against the engine URLs, with sandboxes from the node's sandbox host."""
 
     def __init__(self, cfg_dict: dict[str, Any], urls: list[str]) -> None:
-        from agent.loop import AgentConfig
-        from agent.rollout import EpisodeRunner, RunnerConfig, TokenPlayer, env_factory
         from trainer.config import config_from_dict
         from trainer.models import load_tokenizer
 
         cfg = config_from_dict(cfg_dict)
-        r = cfg.rollout
-        connect = engine_spec(r.engine).connect
+        connect = engine_spec(cfg.rollout.engine).connect
         assert connect is not None, "config validation admits only server engines under cluster.backend=ray"
         self.engine: Any = connect(urls, ())  # set_version: every server engine's client tags generations with it
-        agent_cfg = AgentConfig(
-            max_context_tokens=r.max_context_tokens,
-            max_action_tokens=r.max_tokens,
-            max_turns=r.max_turns,
-            temperature=r.temperature,
-        )
-        player = TokenPlayer(self.engine, load_tokenizer(cfg), agent_cfg, render_check_every=r.render_check_every)
-        self.runner = EpisodeRunner(env_factory(cfg.env.id, cfg.env.kwargs), player, RunnerConfig(r.concurrency))
+        self.runner = episode_runner(cfg, self.engine, load_tokenizer(cfg))
         self.sandboxes: SandboxHostClient | None = None
         self._stack: contextlib.AsyncExitStack | None = None
         self._opening = asyncio.Lock()  # episodes arrive concurrently: open the pools once
@@ -139,7 +130,7 @@ class RayRolloutRunner:
         import ray
 
         live = [i for i in range(len(self.workers)) if i not in self.dead]
-        task_id = episode.task_id or f"task-{episode.index}"
+        task_id = episode.tid
         if not live:
             # not a hot loop: with every worker gone (e.g. the job's driver died and Ray is ending its actors) the
             # coordinator would otherwise write thousands of these records a second

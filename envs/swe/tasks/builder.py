@@ -178,87 +178,119 @@ def _record(spec: fetch.SdistSpec, task_image: str, base_commit: str, found: _Fo
     }
 
 
-def build_for_sdist(spec_text: str, cfg: BuildConfig, client: Any, log: Log = _stderr) -> list[dict[str, Any]]:
-    from envs.swe.grading import grade_patch
+def _repo_image(spec: fetch.SdistSpec, cfg: BuildConfig, log: Log, t0: float) -> str:
+    """The package's repo image: its sdist and wheels fetched, the image built on the offline base image."""
     from saocore.setup import ensure_base_image
 
-    spec = fetch.SdistSpec.parse(spec_text)
-    t0 = time.monotonic()
     sdist = fetch.fetch_sdist(spec)
     wheels = fetch.fetch_wheels(spec, sdist, cfg.extra_test_deps)
     test_deps = [*fetch.ALWAYS_TEST_DEPS, *fetch.KNOWN_TEST_DEPS.get(spec.name, []), *cfg.extra_test_deps]
     repo_image = images.ensure_repo_image(spec, sdist, wheels, ensure_base_image(), test_deps)
     log(f"{spec}: repo image {repo_image} ready ({time.monotonic() - t0:.0f}s)")
+    return repo_image
+
+
+def _baseline(
+    box: BuilderContainer, spec: fetch.SdistSpec, log: Log
+) -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
+    """(test -> status of the unmutated tree, source files, test files); an sdist without a passing test fails."""
+    src_files, test_files = box.tracked_python_files()
+    if not test_files:
+        raise RuntimeError(f"{spec}: the sdist ships no test files (test_*.py); pick a package that does")
+    base = box.pytest(test_files, "-q --tb=no", timeout=1800)
+    baseline = base.status
+    n_pass = sum(s == "PASSED" for s in baseline.values())
+    log(f"{spec}: baseline {n_pass} passing of {len(baseline)} tests in {base.seconds:.0f}s")
+    if n_pass == 0:
+        raise RuntimeError(f"{spec}: no test passes in the baseline run:\n{base.output[-2000:]}")
+    return baseline, {f: box.read(f) for f in src_files}, {f: box.read(f) for f in test_files}
+
+
+class _Search:
+    """The workers' shared search over the candidates, in order: one task per (path, function), ``cfg.bugs`` in
+    all. A found bug is verified by the worker that found it; a drop frees its slot so the search goes on."""
+
+    def __init__(
+        self, spec: fetch.SdistSpec, cfg: BuildConfig, client: Any, repo_image: str, baseline: dict[str, str],
+        cands: list[_Candidate], log: Log,
+    ) -> None:  # fmt: skip
+        self.spec, self.cfg, self.client, self.repo_image, self.log = spec, cfg, client, repo_image, log
+        self.baseline, self.queue = baseline, list(cands)
+        self.records: list[dict[str, Any]] = []
+        self.lock = threading.Lock()
+        self.taken: set[tuple[str, str]] = set()
+        self.tried = self.pending = 0
+        self.t_search = time.monotonic()
+
+    def run(self, boxes: list[BuilderContainer]) -> list[dict[str, Any]]:
+        with ThreadPoolExecutor(len(boxes)) as pool:
+            for fut in [pool.submit(self.work, b) for b in boxes]:
+                fut.result()
+        return self.records
+
+    def finish(self, f: _Found) -> dict[str, Any] | None:
+        """The task record of a found bug: its task image built and audited, its gold patch verified."""
+        from envs.swe.grading import grade_patch
+
+        spec, client = self.spec, self.client
+        task_image = images.ensure_task_image(self.repo_image, f.fix_patch)
+        rec = _record(spec, task_image, _head_of(client, task_image), f)
+        rec["sao_mutation"].update({"sdist": str(spec), "repo_image": self.repo_image})
+        leaks = audit.problems(audit.audit_image(client, rec), rec)
+        if leaks:  # the recipe is broken for this package: every task would hand the agent its fix
+            raise images.ImageBuildError(f"task image {task_image} lets the agent read the fix: {'; '.join(leaks)}")
+        if self.cfg.verify and not grade_patch(rec, rec["patch"], client=client).resolved:
+            self.log(f"{spec}: dropping {rec['instance_id']}: its gold patch did not resolve it in a fresh container")
+            return None
+        return rec
+
+    def _full(self) -> bool:
+        return len(self.records) + self.pending >= self.cfg.bugs
+
+    def work(self, box: BuilderContainer) -> None:
+        cfg = self.cfg
+        while True:
+            with self.lock:
+                if self._full() or not self.queue:
+                    return
+                cand = self.queue.pop(0)
+                key = (cand.mutation.path, cand.mutation.function)
+                if key in self.taken:
+                    continue
+                self.tried += 1
+            res = _try(box, cand, self.baseline, cfg)
+            with self.lock:
+                if res is None or key in self.taken or self._full():
+                    continue
+                self.taken.add(key)
+                self.pending += 1
+            rec = None
+            try:
+                rec = self.finish(res)
+            finally:
+                with self.lock:
+                    self.pending -= 1
+                    if rec is not None:
+                        self.records.append(rec)
+                        if cfg.out is not None:
+                            instance.append_instance(cfg.out, rec)
+                        self.log(
+                            f"{self.spec}: task {len(self.records)}/{cfg.bugs} after {self.tried} tries: "
+                            f"{res.mutation.operator} in {res.mutation.function}, {len(res.f2p)} failing test(s); "
+                            + eta_text(time.monotonic() - self.t_search, len(self.records), cfg.bugs)
+                        )
+
+
+def build_for_sdist(spec_text: str, cfg: BuildConfig, client: Any, log: Log = _stderr) -> list[dict[str, Any]]:
+    spec = fetch.SdistSpec.parse(spec_text)
+    t0 = time.monotonic()
+    repo_image = _repo_image(spec, cfg, log, t0)
     boxes = [BuilderContainer(client, repo_image) for _ in range(cfg.workers)]
     try:
-        src_files, test_files = boxes[0].tracked_python_files()
-        if not test_files:
-            raise RuntimeError(f"{spec}: the sdist ships no test files (test_*.py); pick a package that does")
-        base = boxes[0].pytest(test_files, "-q --tb=no", timeout=1800)
-        baseline = base.status
-        n_pass = sum(s == "PASSED" for s in baseline.values())
-        log(f"{spec}: baseline {n_pass} passing of {len(baseline)} tests in {base.seconds:.0f}s")
-        if n_pass == 0:
-            raise RuntimeError(f"{spec}: no test passes in the baseline run:\n{base.output[-2000:]}")
-        sources = {f: boxes[0].read(f) for f in src_files}
-        tests = {f: boxes[0].read(f) for f in test_files}
+        baseline, sources, tests = _baseline(boxes[0], spec, log)
         cands = _candidates(sources, tests, cfg)[: cfg.max_candidates]
         log(f"{spec}: {len(cands)} candidate mutations to try")
-        records: list[dict[str, Any]] = []
-        lock = threading.Lock()
-        taken: set[tuple[str, str]] = set()
-        queue = list(cands)
-        tried, pending = [0], [0]
-        t_search = time.monotonic()
-
-        def finish(f: _Found) -> dict[str, Any] | None:
-            task_image = images.ensure_task_image(repo_image, f.fix_patch)
-            rec = _record(spec, task_image, _head_of(client, task_image), f)
-            rec["sao_mutation"].update({"sdist": str(spec), "repo_image": repo_image})
-            leaks = audit.problems(audit.audit_image(client, rec), rec)
-            if leaks:  # the recipe is broken for this package: every task would hand the agent its fix
-                raise images.ImageBuildError(f"task image {task_image} lets the agent read the fix: {'; '.join(leaks)}")
-            if cfg.verify and not grade_patch(rec, rec["patch"], client=client).resolved:
-                log(f"{spec}: dropping {rec['instance_id']}: its gold patch did not resolve it in a fresh container")
-                return None
-            return rec
-
-        def work(box: BuilderContainer) -> None:
-            # A found bug is verified by the worker that found it; a drop frees its slot so the search goes on.
-            while True:
-                with lock:
-                    if len(records) + pending[0] >= cfg.bugs or not queue:
-                        return
-                    cand = queue.pop(0)
-                    key = (cand.mutation.path, cand.mutation.function)
-                    if key in taken:
-                        continue
-                    tried[0] += 1
-                res = _try(box, cand, baseline, cfg)
-                with lock:
-                    if res is None or key in taken or len(records) + pending[0] >= cfg.bugs:
-                        continue
-                    taken.add(key)
-                    pending[0] += 1
-                rec = None
-                try:
-                    rec = finish(res)
-                finally:
-                    with lock:
-                        pending[0] -= 1
-                        if rec is not None:
-                            records.append(rec)
-                            if cfg.out is not None:
-                                instance.append_instance(cfg.out, rec)
-                            log(
-                                f"{spec}: task {len(records)}/{cfg.bugs} after {tried[0]} tries: "
-                                f"{res.mutation.operator} in {res.mutation.function}, {len(res.f2p)} failing test(s); "
-                                + eta_text(time.monotonic() - t_search, len(records), cfg.bugs)
-                            )
-
-        with ThreadPoolExecutor(len(boxes)) as pool:
-            for fut in [pool.submit(work, b) for b in boxes]:
-                fut.result()
+        records = _Search(spec, cfg, client, repo_image, baseline, cands, log).run(boxes)
     finally:
         for b in boxes:
             b.close()
