@@ -45,11 +45,20 @@ def load_actor(cfg: Config) -> nn.Module:
                 "`bash scripts/setup.sh`) or tiny:llama / tiny:moe"
             )
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
-    if cfg.model.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
+    _checkpointing(model, cfg)
     model.config.use_cache = False
     out: nn.Module = model
     return out
+
+
+def _checkpointing(model: nn.Module, cfg: Config) -> None:
+    """``model.gradient_checkpointing``: keep one layer's input and recompute the rest in backward. HF models
+    checkpoint only in training mode and ``from_pretrained`` returns them in eval mode, so the flag alone did
+    nothing (measured on SmolLM2, 2 x 2,048 tokens: 8.9 GB peak either way; in training mode 4.1 GB); the model
+    is put in training mode with it (dropout, where a config has any, then applies as in any HF training loop)."""
+    if cfg.model.gradient_checkpointing:
+        model.gradient_checkpointing_enable()  # type: ignore[operator]
+        model.train()
 
 
 def load_tokenizer(cfg: Config) -> Any:
@@ -140,6 +149,7 @@ def load_critic(cfg: Config, actor: nn.Module) -> ValueModel:
                 "`sao pretrain-value`, or a HF model dir"
             )
         backbone = AutoModel.from_pretrained(str(p), dtype=dtype)
+        _checkpointing(backbone, cfg)  # (init: actor copies the actor's backbone, checkpointing included)
         critic = ValueModel(backbone, backbone.config.hidden_size)
         if is_critic_checkpoint(p):
             from safetensors.torch import load_file

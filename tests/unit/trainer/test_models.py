@@ -27,3 +27,36 @@ def test_the_value_of_a_token_does_not_see_the_token() -> None:
         b = shifted_values(critic(other, mask))
     assert torch.equal(a[:, :4], b[:, :4])
     assert not torch.allclose(a[:, 4], b[:, 4])
+
+
+def test_gradient_checkpointing_keeps_fewer_activations_for_backward() -> None:
+    """model.gradient_checkpointing must take effect (HF checkpoints only in training mode, and a model from
+    from_pretrained is in eval mode): the bytes autograd keeps for backward shrink, for actor and critic."""
+    from pathlib import Path
+
+    from trainer.config import load_config
+    from trainer.models import load_actor, load_critic
+
+    toy = Path(__file__).resolve().parents[3] / "configs" / "toy.yaml"
+    kept: dict[tuple[bool, str], int] = {}
+    for on in (False, True):
+        cfg = load_config(toy, [f"model.gradient_checkpointing={str(on).lower()}"])
+        actor = load_actor(cfg)
+        critic = load_critic(cfg, actor)
+        ids = torch.randint(0, 32, (2, 64))
+        for name, run in (
+            ("actor", lambda: actor.model(input_ids=ids).last_hidden_state),
+            ("critic", lambda: critic(ids, torch.ones_like(ids))),
+        ):
+            total = [0]
+
+            def pack(t: torch.Tensor) -> torch.Tensor:
+                total[0] += t.numel() * t.element_size()
+                return t
+
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                out = run()
+            out.float().sum().backward()
+            kept[(on, name)] = total[0]
+    for name in ("actor", "critic"):
+        assert kept[(True, name)] < 0.6 * kept[(False, name)], kept
