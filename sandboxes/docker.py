@@ -286,7 +286,7 @@ class DockerSandbox:
         _remove_pending(client, _host_key(cfg.docker_host))
         image = cfg.image
         if image is None:
-            from sandboxes.images import ensure_base_image
+            from sandboxes.base_image import ensure_base_image
 
             image = ensure_base_image()
         all_labels = {

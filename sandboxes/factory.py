@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import fields
 from typing import Any, Protocol
 
+from sandboxes.backend import make_sandbox
 from sandboxes.config import PoolConfig, SandboxConfig
 from sandboxes.protocols import Sandbox
 
@@ -27,17 +28,6 @@ def sandbox_config_from_dict(data: Mapping[str, Any]) -> SandboxConfig:
         if key in kwargs and isinstance(kwargs[key], list):
             kwargs[key] = tuple(kwargs[key])
     return SandboxConfig(**kwargs)
-
-
-async def make_sandbox(cfg: SandboxConfig) -> Sandbox:
-    """Start one sandbox for ``cfg`` (no pool); close it with ``await sb.close()`` or ``async with``."""
-    if cfg.backend == "docker":
-        from sandboxes.docker import DockerSandbox
-
-        return await DockerSandbox.create(cfg)
-    from sandboxes.bwrap import BwrapSandbox
-
-    return await BwrapSandbox.create(cfg)
 
 
 class SandboxProvider(Protocol):

@@ -37,23 +37,12 @@ from typing import Any
 import docker.errors
 import requests
 
+from sandboxes.base_image import ensure_base_image as ensure_base_image  # exported here too (callers, the docs)
 from sandboxes.docker import get_client
 from sandboxes.protocols import ImageNotFoundError, SandboxError
 
 ContextSource = Path | str | bytes
 _TAG_REPO_RE = re.compile(r"^[a-z0-9]+(?:[._-][a-z0-9]+)*(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*$")
-
-
-def ensure_base_image() -> str:
-    """The tag of the offline base image, importing it from the cached tarball (or building it with debootstrap,
-    ~2 min, first time only) when the daemon lacks it. Raises ``ImageNotFoundError`` when that cannot work."""
-    from saocore.setup import SetupError
-    from saocore.setup import ensure_base_image as setup_base
-
-    try:
-        return setup_base()
-    except SetupError as e:
-        raise ImageNotFoundError(f"the offline base image is unavailable: {e}") from e
 
 
 def image_exists(tag: str, docker_host: str | None = None) -> bool:

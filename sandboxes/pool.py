@@ -34,6 +34,7 @@ import weakref
 from collections import OrderedDict
 from collections.abc import AsyncIterator
 
+from sandboxes.backend import make_sandbox
 from sandboxes.config import PoolConfig, SandboxConfig
 from sandboxes.docker import DockerSandbox, reap_orphans, run_blocking
 from sandboxes.protocols import Sandbox, SandboxError
@@ -247,8 +248,6 @@ class PoolSet:
     async def acquire(self, cfg: SandboxConfig) -> Sandbox:
         """A fresh sandbox for ``cfg``: from its warm pool (Docker), or started cold (bwrap)."""
         if cfg.backend != "docker":
-            from sandboxes.factory import make_sandbox
-
             return await make_sandbox(cfg)
         key = _key(cfg)
         async with self._lock:
@@ -319,6 +318,4 @@ async def acquire_sandbox(cfg: SandboxConfig) -> Sandbox:
     pools = active_pools()
     if pools is not None:
         return await pools.acquire(cfg)
-    from sandboxes.factory import make_sandbox
-
     return await make_sandbox(cfg)

@@ -27,7 +27,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from envs.swe.tasks import audit, fetch, images, instance
+# the submodules by their path: ``from envs.swe.tasks import ...`` would import the package, whose __init__ imports this
+# module (an import circle)
+import envs.swe.tasks.audit as audit
+import envs.swe.tasks.fetch as fetch
+import envs.swe.tasks.images as images
+import envs.swe.tasks.instance as instance
 from envs.swe.tasks.mutations import OPERATORS, Mutation, is_valid, mutations
 from envs.swe.tasks.runner import FAILING, BuilderContainer, failure_excerpts
 from saocore.console import eta_text

@@ -18,7 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from envs.swe.tasks import fetch, images
+# the submodules by their path: ``from envs.swe.tasks import ...`` would import the package, whose __init__ imports this
+# module (an import circle)
+import envs.swe.tasks.fetch as fetch
+import envs.swe.tasks.images as images
 from envs.swe.tasks.builder import BuildConfig, build_tasks
 from envs.swe.tasks.instance import load_instances
 from envs.swe.tasks.mutations import OPERATORS
