@@ -165,7 +165,7 @@ def _child(cfg: MicrobatchBenchConfig, variant: str) -> dict[str, Any]:
     from benchmarks.bench_memory import _status_kib
     from trainer import distributed
     from trainer.batch import collate
-    from trainer.engine import shard_batch
+    from trainer.deepspeed_engine import shard_batch
     from trainer.learner import Learner
     from trainer.models import load_actor, load_critic, load_tokenizer
     from trainer.value_pretrain import read_rollouts

@@ -224,8 +224,8 @@ def sao_config(model_path: str, overrides: dict[str, Any]) -> Any:
 
 
 def with_torch_adam(ds_config: Callable[..., dict[str, Any]]) -> Callable[..., dict[str, Any]]:
-    """``trainer.engine.ds_config`` with DeepSpeed told to step a torch AdamW: the fallback when its fused Adam op
-    cannot be JIT-built on the GPU machine, so the step can still be timed (and the failure is reported)."""
+    """``trainer.deepspeed_engine.ds_config`` with DeepSpeed told to step a torch AdamW: the fallback when its fused
+    Adam op cannot be JIT-built on the GPU machine, so the step can still be timed (and the failure is reported)."""
 
     @functools.wraps(ds_config)
     def conf(*a: Any, **k: Any) -> dict[str, Any]:
@@ -243,7 +243,7 @@ def _optimizer_name(engine: Any) -> str:
 
 def make_learner(cfg: Any, actor: Any, critic: Any, rec: dict[str, Any]) -> Any:
     """The project's learner; if DeepSpeed's fused Adam op fails to build, again with a torch AdamW (recorded)."""
-    import trainer.engine
+    import trainer.deepspeed_engine
     from trainer.learner import Learner
 
     try:
@@ -252,12 +252,12 @@ def make_learner(cfg: Any, actor: Any, critic: Any, rec: dict[str, Any]) -> Any:
         if "fused_adam" not in traceback.format_exc().lower().replace("fusedadam", "fused_adam"):
             raise
         rec["optimizer_error"] = f"{type(e).__name__}: {e}"[:1000]
-        original = trainer.engine.ds_config
-        trainer.engine.ds_config = with_torch_adam(original)
+        original = trainer.deepspeed_engine.ds_config
+        trainer.deepspeed_engine.ds_config = with_torch_adam(original)
         try:
             learner = Learner(cfg, actor, critic, pad_token_id=0)
         finally:
-            trainer.engine.ds_config = original
+            trainer.deepspeed_engine.ds_config = original
     rec["optimizer"] = _optimizer_name(learner.actor)
     return learner
 

@@ -2,7 +2,7 @@
 
 What the step does is read from the algorithm's spec (``cfg.algorithm``): which advantage estimator and policy loss,
 whether a critic trains, whether an old-policy recompute precedes the policy step. Engines and micro batches come
-from ``trainer.engine`` (shared with value pretraining and SFT).
+from ``trainer.deepspeed_engine`` (shared with value pretraining and SFT).
 
 Bad numbers never crash a step: a trajectory with a non-finite reward is masked out, a token with a non-finite
 rollout (or recomputed) logprob is masked out of the policy loss, a batch with non-finite critic values is not
@@ -41,7 +41,7 @@ from trainer.algos.registry import (
 )
 from trainer.batch import Batch, collate
 from trainer.config import Config, ConfigError
-from trainer.engine import (
+from trainer.deepspeed_engine import (
     critic_step,
     ev_from_parts,
     ev_parts,

@@ -21,7 +21,7 @@ import torch
 from saocore.console import say
 from trainer import distributed as dist_utils
 from trainer.config import Config, ConfigError, config_diff, load_config, save_config
-from trainer.engine import make_engine
+from trainer.deepspeed_engine import make_engine
 from trainer.metrics import MetricsWriter, plot_run
 from trainer.run_folder import checkpoint_paths, commit_checkpoint, latest_checkpoint, latest_state, refuse_existing_run
 from trainer.sft_data import Example, bucketed_batches, load_examples, padding_fraction

@@ -20,7 +20,7 @@ from trainer import distributed as dist_utils
 from trainer.algos.advantages import skip_observation_gae
 from trainer.batch import Batch, collate
 from trainer.config import Config, ConfigError, load_config
-from trainer.engine import (
+from trainer.deepspeed_engine import (
     critic_step,
     ev_from_parts,
     ev_parts,

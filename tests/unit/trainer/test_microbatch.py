@@ -1,5 +1,6 @@
-"""Micro batches by a token budget (``trainer.engine.micro_rows`` / ``shard_batch``): the plan's invariants, the
-row cut it replaces, empty micro batches that keep ranks in step, and a gradient equal to the unsplit batch's."""
+"""Micro batches by a token budget (``trainer.deepspeed_engine.micro_rows`` / ``shard_batch``): the plan's
+invariants, the row cut it replaces, empty micro batches that keep ranks in step, and a gradient equal to the unsplit
+batch's."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from trainer import distributed as dist_utils
 from trainer.algos.losses import value_loss
 from trainer.batch import Batch, collate
 from trainer.config import ConfigError, DeepSpeedConfig, config_from_dict
-from trainer.engine import critic_step, micro_rows, shard_batch, shard_like, token_scale
+from trainer.deepspeed_engine import critic_step, micro_rows, shard_batch, shard_like, token_scale
 
 
 def _plan_rows(plan: list[list[list[int]]]) -> list[int]:
