@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from saocore.tiny_models import build_tiny_model
@@ -29,6 +31,21 @@ def test_the_value_of_a_token_does_not_see_the_token() -> None:
     assert not torch.allclose(a[:, 4], b[:, 4])
 
 
+def _bytes_kept_for_backward(run: Any) -> int:
+    """Bytes autograd saves for backward while ``run()`` computes its output (then backward runs)."""
+    total = 0
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        nonlocal total
+        total += t.numel() * t.element_size()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = run()
+    out.float().sum().backward()
+    return total
+
+
 def test_gradient_checkpointing_keeps_fewer_activations_for_backward() -> None:
     """model.gradient_checkpointing must take effect (HF checkpoints only in training mode, and a model from
     from_pretrained is in eval mode): the bytes autograd keeps for backward shrink, for actor and critic."""
@@ -44,19 +61,11 @@ def test_gradient_checkpointing_keeps_fewer_activations_for_backward() -> None:
         actor = load_actor(cfg)
         critic = load_critic(cfg, actor)
         ids = torch.randint(0, 32, (2, 64))
-        for name, run in (
-            ("actor", lambda: actor.model(input_ids=ids).last_hidden_state),
-            ("critic", lambda: critic(ids, torch.ones_like(ids))),
-        ):
-            total = [0]
-
-            def pack(t: torch.Tensor) -> torch.Tensor:
-                total[0] += t.numel() * t.element_size()
-                return t
-
-            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-                out = run()
-            out.float().sum().backward()
-            kept[(on, name)] = total[0]
+        outputs = {
+            "actor": lambda a=actor, x=ids: a.model(input_ids=x).last_hidden_state,
+            "critic": lambda c=critic, x=ids: c(x, torch.ones_like(x)),
+        }
+        for name, run in outputs.items():
+            kept[(on, name)] = _bytes_kept_for_backward(run)
     for name in ("actor", "critic"):
         assert kept[(True, name)] < 0.6 * kept[(False, name)], kept
