@@ -157,8 +157,8 @@ def _raw_socket(sock: Any) -> socket.socket:
 
 
 def _buffered_ahead(sock: Any, raw: socket.socket) -> bytes:
-    """Bytes the HTTP client may have read past the upgrade response into its buffer (never seen here, but
-    reading only the raw socket would silently drop them)."""
+    """Bytes the HTTP client may have read past the upgrade response into its buffer (reading only the raw
+    socket would silently drop them)."""
     response = getattr(sock, "_response", None)
     fp = getattr(getattr(getattr(response, "raw", None), "_fp", None), "fp", None)
     if fp is None or not hasattr(fp, "peek"):
@@ -503,13 +503,17 @@ class DockerSandbox:
         sock = self._start_socket(exec_id)
         capper = OutputCapper(cap)
         raw = _raw_socket(sock)
+        framer = _Framer(capper)
         try:
+            # A quick command's output can arrive with the upgrade response (seen under load: the preparation's
+            # output lost, "exit 0" with nothing printed): take what the HTTP client buffered first.
+            framer.feed(_buffered_ahead(sock, raw))
             if stdin is not None:
                 # A command that stops reading (refused past the size limit) breaks the pipe: its output says why.
                 with contextlib.suppress(BrokenPipeError, ConnectionResetError):
                     raw.sendall(stdin)
                     raw.shutdown(socket.SHUT_WR)  # EOF on the command's stdin
-            done = pump_frames(raw, _Framer(capper), time.monotonic() + timeout)
+            done = pump_frames(raw, framer, time.monotonic() + timeout)
         except OSError as e:
             raise _unavailable(self.cfg.docker_host, e) from e
         finally:
