@@ -15,7 +15,8 @@ decodes the conversation so far and takes the next step of a careful engineer:
 
 A task it was not given, a patch it cannot express as edits (new or deleted files, binary hunks) or an edit the
 editor refuses twice raise ``EngineError``: the episode is an infra error, never a fake demonstration. Each token's
-logprob is 0.0 (a deterministic policy); each action ends with the template's end-of-turn token.
+logprob is 0.0 (a deterministic policy); each action ends with the template's end-of-turn token, unless it is
+cut at ``max_tokens`` (finish "length", as a model is cut: at the context budget the episode ends truncated).
 """
 
 from __future__ import annotations
@@ -187,10 +188,12 @@ class SWEDemonstratorEngine:
         call = next_call(task, observations)
         ids = action_ids(self.chat, f"<tool_call>{json.dumps(call)}</tool_call>")
         if len(ids) > sampling.max_tokens:
-            raise EngineError(
-                f"swe_demonstrator: its action needs {len(ids)} tokens but max_tokens is {sampling.max_tokens}; "
-                "raise rollout.max_tokens"
-            )
+            # Cut where a model would be cut (finish "length"): when the cap is the context budget's room, the
+            # episode loop ends the episode truncated by its one budget rule (it used to be an infra error of the
+            # engine, which the smoke's small budget hit on some task sets); when it is rollout.max_tokens, the
+            # env sees a cut call and the stage's summary counts the demonstration as unsolved.
+            ids = ids[: sampling.max_tokens]
+            return Generation(tuple(ids), tuple(0.0 for _ in ids), "length", self._version)
         return Generation(tuple(ids), tuple(0.0 for _ in ids), "stop", self._version)
 
     async def update_weights(self, checkpoint_dir: str, version: int) -> None:

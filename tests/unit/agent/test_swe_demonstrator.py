@@ -96,3 +96,18 @@ def test_unknown_demonstrators_and_ambiguous_tasks_are_refused() -> None:
         make_demonstrator("oracle", TOK, [])
     with pytest.raises(ValueError, match="share a problem statement"):
         make_demonstrator("swe_demonstrator", TOK, [task(), task(instance_id="b", patch=PATCH.replace("0", "9"))])
+
+
+async def test_an_action_past_the_context_budget_ends_the_episode_truncated_not_infra() -> None:
+    """The demonstrator is cut where a model would be (finish "length"), so the loop's one budget rule applies:
+    the episode ends truncated at the context length (it was an infra error of the engine)."""
+    engine = make_demonstrator("swe_demonstrator", TOK, [task()])
+    prompt = "<issue>\n`test_f` fails in demo\n</issue>\n\nThe repository is checked out at /testbed."
+    steps = [("1 failed", 0.0, False, False, {"role": "tool"})] * 4 + [("Submitted.", 1.0, True, False, {})]
+    first = len(TOK.apply_chat_template([{"role": "user", "content": prompt}], tokenize=True))
+    budget = first + 400  # room for the first calls, not for all five
+    traj = await run_episode(
+        ScriptedEnv(steps, task=prompt), engine, TOK, AgentConfig(max_context_tokens=budget, max_action_tokens=200)
+    )
+    assert traj.status == "truncated" and traj.info["truncation_reason"] == "context_length", traj.info
+    assert traj.num_tokens <= budget and traj.segments[-1].kind == "action"
