@@ -559,11 +559,7 @@ def train(config_path: str | None, overrides: list[str] | None = None, resume: s
             )
             raise SystemExit(EXIT_RESUMABLE) from e
         if last.get("stopped"):
-            say(
-                f"stopped at step {last['step']}: {last['stopped']}; the latest checkpoint is "
-                f"{latest_checkpoint(run_dir)}. Continue with `sao train --resume {run_dir}`"
-            )
-            raise SystemExit(int(last["exit_code"]))
+            _stopped(run_dir, int(last["step"]), str(last["stopped"]), int(last["exit_code"]), tell=True)
         return run_dir
     dist_utils.init_distributed()
     trainer = Trainer(cfg, run_dir, state)
@@ -575,12 +571,18 @@ def train(config_path: str | None, overrides: list[str] | None = None, resume: s
         trainer.follow()
     dist_utils.barrier()
     if trainer.stopped is not None:
-        from saocore.console import say
-
-        if trainer.rank0:
-            say(
-                f"stopped at step {trainer.step}: {trainer.stopped.reason}; the latest checkpoint is "
-                f"{latest_checkpoint(run_dir)}. Continue with `sao train --resume {run_dir}`"
-            )
-        raise SystemExit(trainer.stopped.exit_code)
+        reason = trainer.stopped.reason or ""
+        _stopped(run_dir, trainer.step, reason, trainer.stopped.exit_code, tell=trainer.rank0)
     return run_dir
+
+
+def _stopped(run_dir: Path, step: int, reason: str, exit_code: int, *, tell: bool) -> None:
+    """A clean stop's end, local or under Ray: say why and how to go on (rank 0 only), exit with its code."""
+    from saocore.console import say
+
+    if tell:
+        say(
+            f"stopped at step {step}: {reason}; the latest checkpoint is {latest_checkpoint(run_dir)}. "
+            f"Continue with `sao train --resume {run_dir}`"
+        )
+    raise SystemExit(exit_code)
