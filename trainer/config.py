@@ -182,6 +182,11 @@ class RolloutConfig:
     ``vllm`` (servers), or one registered from outside the package (docs/register_engine.md)."""
     vllm_urls: list[str] = field(default_factory=list)
     """vllm: server URLs; empty = launch one local server on the actor."""
+    stage_engine: str | None = None
+    """The engine a staged run's ``eval`` and ``pretrain_value`` stages roll out on; null = ``engine``. One that
+    runs in this process (``hf``) gets the stage's model; a server engine (``vllm``) is started on the stage's
+    model directory and stopped with the stage (on CPU its prefix cache spares multi-turn episodes the re-read
+    of the whole context every turn that the in-process engine pays)."""
     concurrency: int = 4
     """Episodes in flight."""
     buffer_size: int = 16
@@ -587,7 +592,7 @@ def _stage_checks(cfg: Config) -> list[tuple[bool, str]]:
 
 def _engine_checks(cfg: Config) -> list[tuple[bool, str]]:
     """What ``rollout.engine``'s registry entry (``agent.engines.registry``) allows: training with it at all, the
-    restricted vocabulary, the weight-sync kind, Ray placement, the in-process stages."""
+    restricted vocabulary, the weight-sync kind, Ray placement; and what the stages' engine can play."""
     r, c = cfg.rollout, cfg.cluster
     usable = ", ".join(trainable_engines())
     try:
@@ -602,7 +607,7 @@ def _engine_checks(cfg: Config) -> list[tuple[bool, str]]:
 
     syncing = ", ".join(x.name for x in engines() if r.weight_sync in x.weight_sync)
     stages = list(dict.fromkeys(s for s in cfg.stages if s in ("eval", "pretrain_value")))
-    return [
+    checks = [
         (not r.action_vocab or e.restricted_vocab,
          f"rollout.action_vocab needs an engine that samples from a restricted vocabulary ({having('restricted_vocab')}"
          f"), not {r.engine!r}; set rollout.engine to one of them or clear one of them"),
@@ -617,9 +622,23 @@ def _engine_checks(cfg: Config) -> list[tuple[bool, str]]:
          f"rollout.vllm_urls or use an engine that has one ({having('ray_actor')})"),
         (c.backend != "local" or e.placement != "server" or bool(r.vllm_urls) or e.serve is not None,
          f"rollout.engine={r.engine!r} cannot start a server of its own; list its servers in rollout.vllm_urls"),
-        (not stages or e.placement == "in_process",
-         f"stages: {', '.join(stages)} play the current model in this process, which rollout.engine={r.engine!r} "
-         f"cannot; use rollout.engine={having('in_process')} for a staged run"),
+    ]  # fmt: skip
+    if not stages:
+        return checks
+    name = r.stage_engine or r.engine
+    try:
+        se = engine_spec(name)
+    except ValueError:
+        return [*checks, (False, f"rollout.stage_engine: unknown {name!r}; use one of {usable}")]
+    where = "rollout.stage_engine" if r.stage_engine else "rollout.engine"
+    return [
+        *checks,
+        (se.in_process is not None or se.serve is not None,
+         f"stages: {', '.join(stages)} play the current model, which {where}={name!r} can neither hold in this "
+         f"process nor serve; set rollout.stage_engine to one of {having('in_process')}, {having('serve')}"),
+        (se.in_process is not None or not str(cfg.model.path).startswith("tiny:"),
+         f"{where}={name!r} serves a model directory, and model.path={cfg.model.path!r} is built in memory; use "
+         f"rollout.stage_engine={having('in_process')}"),
     ]  # fmt: skip
 
 

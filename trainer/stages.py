@@ -10,9 +10,9 @@ model flows from stage to stage: ``sft`` and ``train`` start from the current mo
   runner, in the env's sandboxes -> ``trajectories.jsonl``;
 * ``sft``: ``trainer.sft`` on ``sft.data`` or else the collected trajectories (``sft.min_reward``, default 1.0
   for collected ones: only solved episodes);
-* ``eval``: the current model (in this process, on ``rollout.engine``'s in-process engine) on ``eval.n``
-  held-out tasks (success, valid tool-call rate, mean turns), its env made with ``env.kwargs`` updated by
-  ``eval.env_kwargs``;
+* ``eval``: the current model (on ``rollout.stage_engine``, else ``rollout.engine``: in this process, or a server
+  started on the model's directory for the stage) on ``eval.n`` held-out tasks (success, valid tool-call rate,
+  mean turns), its env made with ``env.kwargs`` updated by ``eval.env_kwargs``;
 * ``pretrain_value``: rollouts of the current policy, a value fit on them and its held-out explained variance;
   the next ``train`` stage starts its critic from it;
 * ``train``: SAO from the current model, through `sao train`'s entry point (``trainer.run.train``, which runs the
@@ -35,9 +35,10 @@ from pathlib import Path
 from typing import Any
 
 from agent.engines.protocols import Engine
-from agent.engines.registry import InProcessArgs, engine_spec, make_demonstrator
+from agent.engines.registry import InProcessArgs, ServeArgs, engine_spec, make_demonstrator
 from agent.records import Trajectory
 from agent.rollout import episodes_of
+from saocore.paths import resolve_model_path
 from trainer import distributed as dist_utils
 from trainer.config import Config, ConfigError, save_config
 from trainer.env_tasks import load_env_tasks
@@ -155,22 +156,28 @@ def episode_scores(trajs: list[Trajectory], tokenizer: Any) -> dict[str, Any]:
     }
 
 
-def _stage_engine(cfg: Config, tokenizer: Any) -> Engine:
-    """``rollout.engine``'s in-process engine on the current model (config validation refuses a staged run whose
-    engine has none)."""
-    from trainer.models import load_actor
+def _stage_engine(cfg: Config, tokenizer: Any, model_dir: str, out: Path) -> Engine:
+    """The stages' engine (``rollout.stage_engine``, else ``rollout.engine``) on the current model: in this
+    process when it can live there, else one server started on ``model_dir`` that closing the engine stops
+    (config validation refuses an engine that can do neither)."""
+    spec = engine_spec(cfg.rollout.stage_engine or cfg.rollout.engine)
+    if spec.in_process is not None:
+        from trainer.models import load_actor
 
-    build = engine_spec(cfg.rollout.engine).in_process
-    assert build is not None, "config validation refuses eval / pretrain_value stages without an in-process engine"
-    return build(InProcessArgs(load_actor(cfg), tokenizer, seed=cfg.run.seed))
+        return spec.in_process(InProcessArgs(load_actor(cfg), tokenizer, seed=cfg.run.seed))
+    assert spec.serve is not None and spec.connect is not None, "config validation refuses such a stage engine"
+    log = out / "logs" / "stage_server.log"
+    path = resolve_model_path(model_dir)  # the first stage's model may be an alias (smollm2)
+    server = spec.serve(ServeArgs(path, log_path=str(log), max_model_len=cfg.rollout.max_context_tokens))
+    return spec.connect([server.url], [server])
 
 
 def eval_stage(cfg: Config, model_dir: str, out: Path) -> dict[str, Any]:
     from trainer.models import load_tokenizer
 
     tok = load_tokenizer(cfg)
-    engine = _stage_engine(cfg, tok)
     t0 = time.perf_counter()
+    engine = _stage_engine(cfg, tok, model_dir, out)
     trajs = asyncio.run(
         _rollouts(cfg, engine, tok, held_out_tasks(cfg), out / "trajectories.jsonl", cfg.eval.concurrency,
                   cfg.eval.temperature, cfg.eval.env_kwargs)
@@ -222,7 +229,7 @@ def pretrain_value_stage(cfg: Config, model_dir: str, out: Path) -> dict[str, An
         # the tasks after the collected ones first (the demonstrations already covered those)
         start = min(cfg.collect.n if "collect" in cfg.stages else 0, max(len(tasks) - p.rollouts, 0))
         picked = (tasks[start:] + tasks[:start])[: p.rollouts]
-        engine = _stage_engine(cfg, tok)
+        engine = _stage_engine(cfg, tok, model_dir, out)
         asyncio.run(_rollouts(cfg, engine, tok, picked, path, p.concurrency, cfg.rollout.temperature))
         del engine
         _release_memory()

@@ -6,10 +6,15 @@ sandbox: demonstrations hold the tools' real output as observations. Its private
 decodes the conversation so far and takes the next step of a careful engineer:
 
 1. reproduce: ``bash`` runs the first FAIL_TO_PASS test (``python -m pytest -q --tb=short TEST``);
-2. locate: ``str_replace_editor view`` of each hunk's lines (and a few above) in the file the patch changes: the
-   function the failing test exercises (the traceback of a wrong result names only the test);
-3. fix: one ``str_replace`` per hunk of the patch, the changed lines plus one line of context on each side (short
-   actions for a small context); if the editor refuses it (the text is not unique), again with the whole hunk;
+2. locate: ``grep -n`` for the definition of the function the hunk is in (git's hunk header names it), then
+   ``str_replace_editor view`` from that definition to the hunk's last line: steps a policy can take without the
+   gold patch (the function is named like the failing test, the line number is in the grep output); a hunk
+   whose header names no function is viewed from a few lines above it (the traceback of a wrong result names
+   only the test);
+3. fix: one ``str_replace`` per hunk of the patch, as short as the editor takes: a hunk that rewrites one line
+   replaces that line's text without its indentation (an action a small model can copy from the view); else, or
+   when the editor refuses that (the text is not unique), the changed lines plus one line of context on each
+   side; then the whole hunk;
 4. check: ``bash`` re-runs the FAIL_TO_PASS tests;
 5. submit.
 
@@ -35,7 +40,9 @@ from agent.engines.protocols import EngineError, Generation, SamplingParams
 _ISSUE = re.compile(r"<issue>\n(.*?)\n</issue>", re.DOTALL)
 # ChatML (SmolLM2, Qwen): the templates the SWE job runs with.
 _MESSAGE = re.compile(r"<\|im_start\|>(\w+)\n(.*?)<\|im_end\|>", re.DOTALL)
-_HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+\d+(?:,\d+)? @@")
+_HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+\d+(?:,\d+)? @@ ?(.*)$")
+_DEF = re.compile(r"\b(?:async\s+)?def\s+(\w+)\s*\(")
+_GREP_LINE = re.compile(r"^(\d+):", re.MULTILINE)
 _EDITED = "was edited."
 MAX_CHECKED_TESTS = 5
 VIEW_MARGIN = 4
@@ -45,11 +52,24 @@ Call = dict[str, Any]
 
 @dataclass(frozen=True)
 class Hunk:
-    """One hunk of a unified diff: the file, the first pre-image line, and its lines as (" "|"-"|"+", text)."""
+    """One hunk of a unified diff: the file, the first pre-image line, its lines as (" "|"-"|"+", text) and the
+    header's context (git writes there the line that opens the enclosing function)."""
 
     path: str
     start: int
     lines: tuple[tuple[str, str], ...]
+    header: str = ""
+
+    @property
+    def function(self) -> str | None:
+        """The name of the function the header names (the innermost one for a method), else None."""
+        m = _DEF.search(self.header)
+        return m.group(1) if m else None
+
+    @property
+    def first_change(self) -> int:
+        """The pre-image line number of the hunk's first changed line."""
+        return self.start + next(i for i, (k, _) in enumerate(self.lines) if k != " ")
 
     def texts(self, context: int | None) -> tuple[str, str]:
         """(old_str, new_str) of the hunk, keeping ``context`` unchanged lines around the change (None: all)."""
@@ -65,6 +85,23 @@ class Hunk:
         new = "\n".join(t for k, t in part if k != "-")
         return old, new
 
+    def line_texts(self) -> tuple[str, str] | None:
+        """(old_str, new_str) of a hunk that rewrites one line: the two lines without their shared indentation;
+        None for any other hunk."""
+        changed = [(k, t) for k, t in self.lines if k != " "]
+        if [k for k, _ in changed] != ["-", "+"]:
+            return None
+        old, new = changed[0][1], changed[1][1]
+        indent = len(old) - len(old.lstrip())
+        if not old.strip() or new[:indent] != old[:indent]:
+            return None
+        return old[indent:].rstrip(), new[indent:].rstrip()
+
+    def edits(self) -> list[tuple[str, str]]:
+        """The (old_str, new_str) forms to try, shortest first, without repeats."""
+        forms = [self.line_texts(), self.texts(context=1), self.texts(context=None)]
+        return [f for i, f in enumerate(forms) if f is not None and f not in forms[:i]]
+
     @property
     def pre_len(self) -> int:
         return sum(k != "+" for k, _ in self.lines)
@@ -75,11 +112,11 @@ def parse_patch(patch: str) -> list[Hunk]:
     hunks: list[Hunk] = []
     path = ""
     cur: list[tuple[str, str]] | None = None
-    start = 0
+    start, header = 0, ""
 
     def close() -> None:
         if cur:
-            hunks.append(Hunk(path, start, tuple(cur)))
+            hunks.append(Hunk(path, start, tuple(cur), header))
 
     for line in patch.splitlines():
         if line.startswith("diff --git "):
@@ -93,7 +130,7 @@ def parse_patch(patch: str) -> list[Hunk]:
             continue
         elif (m := _HUNK.match(line)) is not None:
             close()
-            cur, start = [], int(m.group(1))
+            cur, start, header = [], int(m.group(1)), m.group(3).strip()
         elif cur is not None and line[:1] in (" ", "-", "+"):
             cur.append((line[0], line[1:]))
         elif cur is not None and line == "":
@@ -119,16 +156,22 @@ def demonstration(task: dict[str, Any]) -> Generator[Call, str, None]:
     yield _tool("bash", command=_pytest(f2p[:1]))
     for h in hunks:
         lo = max(1, h.start - VIEW_MARGIN)
+        if h.function is not None:
+            pattern = shlex.quote(f"def {h.function}(")
+            found = yield _tool("bash", command=f"grep -n {pattern} {shlex.quote(h.path)}")
+            # the last definition of that name above the change: the one the change is in
+            above = [int(n) for n in _GREP_LINE.findall(found) if int(n) <= h.first_change]
+            lo = max(above) if above else lo
         # The hunk's own last line always exists (a margin below could pass the end of the file).
         yield _tool("str_replace_editor", command="view", path=h.path, view_range=[lo, h.start + h.pre_len - 1])
     for h in hunks:
-        old, new = h.texts(context=1)
-        obs = yield _tool("str_replace_editor", command="str_replace", path=h.path, old_str=old, new_str=new)
-        if _EDITED not in obs:
-            old, new = h.texts(context=None)
+        obs = ""
+        for old, new in h.edits():
             obs = yield _tool("str_replace_editor", command="str_replace", path=h.path, old_str=old, new_str=new)
-            if _EDITED not in obs:
-                raise EngineError(f"swe_demonstrator: the editor refused the gold edit of {h.path}: {obs[:300]}")
+            if _EDITED in obs:
+                break
+        else:
+            raise EngineError(f"swe_demonstrator: the editor refused the gold edit of {h.path}: {obs[:300]}")
     yield _tool("bash", command=_pytest(f2p[:MAX_CHECKED_TESTS]))
     yield _tool("submit")
 

@@ -82,12 +82,15 @@ def ensure_offline_tasks(
     seed: int = 0,
     workers: int = 2,
     min_per_package: int | None = None,
+    operators: tuple[str, ...] = OPERATORS,
 ) -> list[dict[str, Any]]:
     """``n_per_package`` validated tasks from each sdist in ``packages``, built once and cached, images ensured.
-    With ``min_per_package`` a package whose candidate bugs run out keeps what it found (at least that many)."""
-    key = hashlib.sha256(
-        json.dumps([TASKS_RECIPE_VERSION, images.IMAGE_RECIPE_VERSION, sorted(packages), n_per_package, seed]).encode()
-    ).hexdigest()[:12]
+    With ``min_per_package`` a package whose candidate bugs run out keeps what it found (at least that many);
+    ``operators``: the bug families searched."""
+    parts: list[Any] = [TASKS_RECIPE_VERSION, images.IMAGE_RECIPE_VERSION, sorted(packages), n_per_package, seed]
+    if tuple(operators) != OPERATORS:  # every family: the key sets built before this option had
+        parts.append(sorted(operators))
+    key = hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:12]
     folder = fetch.swe_cache() / "tasks"
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"offline-{key}.jsonl"
@@ -97,7 +100,10 @@ def ensure_offline_tasks(
         if not path.exists():
             partial = Path(f"{path}.partial")
             partial.unlink(missing_ok=True)
-            cfg = BuildConfig(sdists=list(packages), bugs=n_per_package, out=partial, seed=seed, workers=workers)
+            cfg = BuildConfig(
+                sdists=list(packages), bugs=n_per_package, out=partial, seed=seed, workers=workers,
+                operators=tuple(operators),
+            )  # fmt: skip
             records = build_tasks(cfg)
             counts = {p: sum(r["sao_mutation"]["sdist"] == p for r in records) for p in packages}
             need = n_per_package if min_per_package is None else min(min_per_package, n_per_package)
@@ -112,26 +118,45 @@ def ensure_offline_tasks(
 
 @dataclass(frozen=True)
 class TaskSet:
-    """A named set of offline tasks for a training job, split by the file holding the bug.
+    """A named set of offline tasks for a training job, split by the file or the function holding the bug.
 
     ``packages`` / ``bugs``: the sdists and the bugs wanted from each (``min_bugs``: fewer are kept when a package
     runs out of candidates, down to this many); ``held_out_paths``: source files (repo-relative) whose bugs form the
-    ``heldout`` split, so training never sees those files nor their bugs; ``operators``: the bug families kept
+    ``heldout`` split, so training never sees those files nor their bugs; ``held_out_functions``: the share of the
+    other functions (by a fixed hash of path and qualified name) whose bugs are held out too, so training sees the
+    files (and their test files) but never those functions nor their bugs; ``operators``: the bug families kept
     (``mutations.OPERATORS``; narrower for a small model).
     """
 
     packages: tuple[str, ...]
     bugs: int
-    held_out_paths: tuple[str, ...]
+    held_out_paths: tuple[str, ...] = ()
     min_bugs: int | None = None
     operators: tuple[str, ...] = OPERATORS
+    held_out_functions: float = 0.0
+
+    def held_out(self, mutation: dict[str, Any]) -> bool:
+        """Whether the bug described by ``mutation`` (a record's ``sao_mutation``) is in the ``heldout`` split."""
+        if mutation["path"] in self.held_out_paths:
+            return True
+        key = f"{mutation['path']}::{mutation.get('function', '')}".encode()
+        return int(hashlib.sha256(key).hexdigest()[:8], 16) < self.held_out_functions * (1 << 32)
 
 
 TASK_SETS: dict[str, TaskSet] = {
     # The CI smoke: the four tasks the other SWE tests build (cached in CI): toolz trains, six is held out.
     "smoke": TaskSet(DEFAULT_PACKAGES, 2, held_out_paths=("six.py",)),
-    # configs/swe_quickstart.yaml: toolz trains with its dicttoolz module held out; six is held out entirely.
-    "quickstart": TaskSet(DEFAULT_PACKAGES, 24, held_out_paths=("toolz/dicttoolz.py", "six.py"), min_bugs=12),
+    # configs/swe_quickstart.yaml (docs/swe_job.md): the families whose fix is a local rewrite of the line that holds
+    # the bug (flip a comparison, swap the arguments back, undo an and/or swap or a shifted constant); a third of the
+    # functions of both packages held out. The families that need code the task never shows (a removed branch, the
+    # value a `return None` replaced) are left out: SmolLM2-135M resolved 0/16 held-out tasks with them in.
+    "quickstart": TaskSet(
+        DEFAULT_PACKAGES,
+        40,
+        min_bugs=6,
+        operators=("comparison_flip", "off_by_one", "swapped_args", "bool_op_swap"),
+        held_out_functions=1 / 3,
+    ),
 }
 SPLITS = ("train", "heldout")
 
@@ -143,13 +168,14 @@ def task_set(name: str, split: str = "train") -> list[dict[str, Any]]:
     if split not in SPLITS:
         raise ValueError(f"SWE task set {name!r}: unknown split {split!r}; choose from {', '.join(SPLITS)}")
     ts = TASK_SETS[name]
-    records = ensure_offline_tasks(ts.bugs, ts.packages, min_per_package=ts.min_bugs)
-    held = set(ts.held_out_paths)
+    records = ensure_offline_tasks(ts.bugs, ts.packages, min_per_package=ts.min_bugs, operators=ts.operators)
     out = [
         r
         for r in records
-        if r["sao_mutation"]["operator"] in ts.operators and (r["sao_mutation"]["path"] in held) == (split == "heldout")
+        if r["sao_mutation"]["operator"] in ts.operators and ts.held_out(r["sao_mutation"]) == (split == "heldout")
     ]
     if not out:
-        raise RuntimeError(f"SWE task set {name!r} has no {split} tasks; widen its packages or held_out_paths")
+        raise RuntimeError(
+            f"SWE task set {name!r} has no {split} tasks; widen its packages, held_out_paths or held_out_functions"
+        )
     return out

@@ -75,9 +75,18 @@ def test_a_non_training_engine_is_refused_as_rollout_engine() -> None:
         load_config(TOY, ["rollout.engine=sglang"])
 
 
-def test_staged_runs_need_an_in_process_engine() -> None:
-    with pytest.raises(ConfigError, match="stages: eval, pretrain_value play the current model in this process"):
-        load_config(ROOT / "configs" / "quickstart.yaml", ["rollout.engine=vllm"])
+def test_the_stages_engine_must_hold_or_serve_the_model() -> None:
+    quickstart = ROOT / "configs" / "quickstart.yaml"
+    # a server engine serves each stage's model directory itself
+    assert load_config(quickstart, ["rollout.stage_engine=vllm"]).rollout.stage_engine == "vllm"
+    assert load_config(quickstart, ["rollout.engine=vllm"]).rollout.stage_engine is None
+    with pytest.raises(ConfigError, match=r"stages: eval, pretrain_value play the current model, which "
+                       r"rollout.stage_engine='openai' can neither hold in this process nor serve"):  # fmt: skip
+        load_config(quickstart, ["rollout.stage_engine=openai"])
+    with pytest.raises(ConfigError, match=r"rollout.stage_engine: unknown 'sglang'"):
+        load_config(quickstart, ["rollout.stage_engine=sglang"])
+    with pytest.raises(ConfigError, match=r"model.path='tiny:llama' is built in memory"):
+        load_config(quickstart, ["rollout.stage_engine=vllm", "model.path=tiny:llama"])
 
 
 def test_an_engine_registered_outside_the_package_is_configured_from_its_entry() -> None:

@@ -47,6 +47,10 @@ def test_a_patch_becomes_hunks_with_short_and_full_edits() -> None:
     assert h.texts(context=1) == ("\n    if x < 0:\n        return a", "\n    if x >= 0:\n        return a")
     old, new = h.texts(context=None)
     assert old.startswith("    a = 1\n    b = 2\n\n    if x < 0:") and new.endswith("    c = 3\n    return b")
+    assert h.line_texts() == ("if x < 0:", "if x >= 0:")  # one rewritten line: no indentation, no context
+    assert h.edits() == [("if x < 0:", "if x >= 0:"), h.texts(context=1), (old, new)]
+    two = parse_patch(PATCH.replace("-    if x < 0:", "-    if x < 0:\n-    d = 4"))[0]
+    assert two.line_texts() is None and two.edits()[0] == two.texts(context=1)
     with pytest.raises(EngineError, match="more than edit files"):
         parse_patch("diff --git a/n.py b/n.py\nnew file mode 100644\n")
 
@@ -54,36 +58,45 @@ def test_a_patch_becomes_hunks_with_short_and_full_edits() -> None:
 def test_the_script_reproduces_locates_fixes_checks_and_submits() -> None:
     calls = []
     observations: list[str] = []
-    for obs in ["1 failed", "Here is pkg/m.py", "The file pkg/m.py was edited. Lines ...", "2 passed", None]:
+    # grep finds two definitions of f: the one above the change (line 9) is the one it is in
+    grep = "9:def f(x):\n40:    def f(y):"
+    for obs in ["1 failed", grep, "Here is pkg/m.py", "The file pkg/m.py was edited. Lines ...", "2 passed", None]:
         calls.append(next_call(task(), observations))
         if obs is not None:
             observations.append(obs)
     names = [(c["name"], c["arguments"].get("command", "")) for c in calls]
     assert names[0] == ("bash", "python -m pytest -q --tb=short tests/test_m.py::test_f")
-    assert names[1:3] == [("str_replace_editor", "view"), ("str_replace_editor", "str_replace")]
-    assert calls[1]["arguments"] == {"command": "view", "path": "pkg/m.py", "view_range": [6, 16]}
-    assert names[3][1].endswith("tests/test_m.py::test_f tests/test_m.py::test_g") and names[4] == ("submit", "")
+    assert names[1] == ("bash", "grep -n 'def f(' pkg/m.py")  # the hunk header names the function
+    assert names[2:4] == [("str_replace_editor", "view"), ("str_replace_editor", "str_replace")]
+    assert calls[2]["arguments"] == {"command": "view", "path": "pkg/m.py", "view_range": [9, 16]}
+    assert names[4][1].endswith("tests/test_m.py::test_f tests/test_m.py::test_g") and names[5] == ("submit", "")
+    # a grep that finds nothing (or a header without a function) views from a few lines above the hunk
+    assert next_call(task(), ["1 failed", ""])["arguments"]["view_range"] == [6, 16]
+    bare = task(patch=PATCH.replace(" def f(x):", ""))
+    assert next_call(bare, ["1 failed"])["arguments"] == {"command": "view", "path": "pkg/m.py", "view_range": [6, 16]}
 
 
-def test_a_refused_short_edit_is_retried_with_the_whole_hunk_then_gives_up() -> None:
-    obs = ["1 failed", "Here is", "No replacement: old_str appears 2 times"]
-    retry = next_call(task(), obs)
+def test_a_refused_short_edit_is_retried_longer_then_with_the_whole_hunk_then_gives_up() -> None:
+    obs = ["1 failed", "9:def f(x):", "Here is", "No replacement: old_str appears 2 times"]
+    assert next_call(task(), obs[:3])["arguments"]["old_str"] == "if x < 0:"
+    assert next_call(task(), obs)["arguments"]["old_str"] == "\n    if x < 0:\n        return a"
+    retry = next_call(task(), [*obs, "No replacement: again"])
     assert retry["arguments"]["old_str"].startswith("    a = 1")
     with pytest.raises(EngineError, match="refused the gold edit"):
-        next_call(task(), [*obs, "No replacement: still"])
+        next_call(task(), [*obs, "No replacement: again", "No replacement: still"])
 
 
 async def test_episodes_through_the_loop_are_tool_calls_for_the_prompts_task() -> None:
     other = task(instance_id="other", problem_statement="something else\n", patch=PATCH.replace("x < 0", "x < 1"))
     engine = make_demonstrator("swe_demonstrator", TOK, [other, task()])
     prompt = "<issue>\n`test_f` fails in demo\n</issue>\n\nThe repository is checked out at /testbed."
-    steps = [("1 failed", 0.0, False, False, {"role": "tool"})] * 4 + [("Submitted.", 1.0, True, False, {})]
+    steps = [("1 failed", 0.0, False, False, {"role": "tool"})] * 5 + [("Submitted.", 1.0, True, False, {})]
     env = ScriptedEnv(steps, task=prompt)
-    env.steps[2] = ("The file pkg/m.py was edited. Lines 12-13 now read: ...", 0.0, False, False, {})
+    env.steps[3] = ("The file pkg/m.py was edited. Lines 12-13 now read: ...", 0.0, False, False, {})
     traj = await run_episode(env, engine, TOK, AgentConfig(max_context_tokens=8192, max_action_tokens=400))
     calls = [json.loads(a.removeprefix("<tool_call>").removesuffix("</tool_call>")) for a in env.actions]
-    assert [c["name"] for c in calls] == ["bash", "str_replace_editor", "str_replace_editor", "bash", "submit"]
-    assert calls[2]["arguments"]["new_str"] == "\n    if x >= 0:\n        return a"  # this task's fix, not other's
+    assert [c["name"] for c in calls] == ["bash", "bash", "str_replace_editor", "str_replace_editor", "bash", "submit"]
+    assert calls[3]["arguments"]["new_str"] == "if x >= 0:"  # this task's fix, not other's
     assert traj.status == "ok" and traj.reward == 1.0
     assert all(lp == 0.0 for seg in traj.action_segments for lp in seg.logprobs or ())
     lone = make_demonstrator("swe_demonstrator", TOK, [other])  # a task it does not know: an infra error

@@ -23,7 +23,7 @@ def test_unknown_sets_and_splits_are_named_before_any_build() -> None:
         load_tasks("swe-offline:smoke:test")
 
 
-def test_splits_never_share_a_file_and_keep_only_the_sets_operators(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_splits_by_file_never_share_a_file_and_keep_only_the_sets_operators(monkeypatch: pytest.MonkeyPatch) -> None:
     def rec(i: int, path: str, op: str) -> dict[str, Any]:
         return {"instance_id": f"t{i}", "sao_mutation": {"path": path, "operator": op}}
 
@@ -31,8 +31,10 @@ def test_splits_never_share_a_file_and_keep_only_the_sets_operators(monkeypatch:
              rec(3, "c.py", "wrong_return")]  # fmt: skip
     seen: list[tuple[Any, ...]] = []
 
-    def fake_build(n: int, packages: tuple[str, ...], min_per_package: int | None = None) -> list[dict[str, Any]]:
-        seen.append((n, packages, min_per_package))
+    def fake_build(
+        n: int, packages: tuple[str, ...], min_per_package: int | None = None, operators: tuple[str, ...] = ()
+    ) -> list[dict[str, Any]]:
+        seen.append((n, packages, min_per_package, operators))
         return built
 
     monkeypatch.setattr(offline, "ensure_offline_tasks", fake_build)
@@ -41,7 +43,19 @@ def test_splits_never_share_a_file_and_keep_only_the_sets_operators(monkeypatch:
     )
     assert [r["instance_id"] for r in offline.task_set("t")] == ["t1"]
     assert [r["instance_id"] for r in offline.task_set("t", "heldout")] == ["t0"]
-    assert seen[0] == (4, ("x==1",), None)
+    assert seen[0] == (4, ("x==1",), None, ("off_by_one",))  # the build searches the set's families only
     monkeypatch.setitem(offline.TASK_SETS, "u", offline.TaskSet(("x==1",), 4, held_out_paths=("z.py",)))
     with pytest.raises(RuntimeError, match="no heldout tasks"):
         offline.task_set("u", "heldout")
+
+
+def test_a_split_by_function_holds_out_a_fixed_share_of_functions_and_every_bug_in_them() -> None:
+    ts = offline.TaskSet(("x==1",), 4, held_out_functions=1 / 3)
+    fns = [{"path": f"p{i % 7}.py", "function": f"f{i}"} for i in range(600)]
+    held = [m for m in fns if ts.held_out(m)]
+    assert 150 < len(held) < 250  # about a third, by a fixed hash: the same on every machine and run
+    assert held == [m for m in fns if offline.TaskSet(("x==1",), 4, held_out_functions=1 / 3).held_out(m)]
+    # two bugs in one function fall on the same side; a held-out path holds out every function in it
+    assert all(ts.held_out({**m, "operator": "x"}) for m in held)
+    assert offline.TaskSet(("x==1",), 4, held_out_paths=("p1.py",)).held_out({"path": "p1.py", "function": "g"})
+    assert not offline.TaskSet(("x==1",), 4).held_out(fns[0])
