@@ -92,7 +92,7 @@ def build_configs(cc: ConfirmConfig) -> tuple[dict[str, Any], dict[str, dict[str
 def _staged_child(cfg: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """One staged `sao train` (resumed if its folder holds one, with the command line's ``overrides`` on top of
     its saved config: they reach the stages still to run); returns its summary.json."""
-    from trainer.run import train
+    from trainer.runs.run import train
 
     run_dir = Path(cfg["run"]["dir"])
     if (run_dir / "config.yaml").exists():
@@ -133,8 +133,8 @@ def time_limited(eval_dir: Path, n: int) -> int:
 def arm_result(name: str, summary: dict[str, Any], sft_eval: dict[str, Any], run_dir: Path) -> dict[str, Any]:
     """One arm's row: held-out success before (the shared SFT eval) and after, the paired difference, the RL
     stage's cost and its per-step curves."""
-    from trainer.metrics import read_metrics
-    from trainer.stages import paired_difference
+    from trainer.runs.metrics import read_metrics
+    from trainer.runs.stages import paired_difference
 
     after = summary["evals"][-1]
     train = next(s for s in summary["stages"] if s.get("stage") == "train")
@@ -206,7 +206,7 @@ def table_rows(results: list[dict[str, Any]]) -> tuple[list[str], list[list[str]
 
 def between_arms(results: list[dict[str, Any]], summaries: dict[str, dict[str, Any]]) -> list[str]:
     """Paired differences between arms (same held-out tasks): the first arm minus each other arm."""
-    from trainer.stages import paired_difference
+    from trainer.runs.stages import paired_difference
 
     if len(results) < 2:
         return []

@@ -1,6 +1,6 @@
 """`sao bench learning`: the paper's claims at CPU scale, one task per claim, variants side by side.
 
-Each (task, variant, seed) is a real `sao train` run (``trainer.run.train`` in this process) of a tiny model with
+Each (task, variant, seed) is a real `sao train` run (``trainer.runs.run.train`` in this process) of a tiny model with
 a word-level tokenizer (see ``benchmarks.rl_bench_common``). Before RL the model is made competent by `sao sft` on
 oracle demonstrations (``rl_bench_common.warm_start``, one model per task family and seed, shared by every
 variant of that seed), so a frozen-attention critic inherits attention that already reads the prompt. Tasks,

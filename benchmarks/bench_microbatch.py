@@ -126,7 +126,7 @@ def synthetic_trajectories(cfg: MicrobatchBenchConfig, tokenizer: Any) -> list[A
 def load_batch(cfg: MicrobatchBenchConfig) -> list[Any]:
     """The batch both variants train on, in its own (unsorted) order."""
     if cfg.trajectories is not None:
-        from trainer.value_pretrain import read_rollouts
+        from trainer.learn.value_pretrain import read_rollouts
 
         trajs = read_rollouts(cfg.trajectories)[: cfg.n]
         if len(trajs) < 2:
@@ -164,11 +164,11 @@ def _child(cfg: MicrobatchBenchConfig, variant: str) -> dict[str, Any]:
 
     from benchmarks.bench_memory import _status_kib
     from trainer import distributed
-    from trainer.batch import collate
-    from trainer.deepspeed_engine import shard_batch
-    from trainer.learner import Learner
-    from trainer.models import load_actor, load_critic, load_tokenizer
-    from trainer.value_pretrain import read_rollouts
+    from trainer.learn.batch import collate
+    from trainer.learn.deepspeed_engine import shard_batch
+    from trainer.learn.learner import Learner
+    from trainer.learn.models import load_actor, load_critic, load_tokenizer
+    from trainer.learn.value_pretrain import read_rollouts
 
     libc = ctypes.CDLL("libc.so.6")
     libc.mallopt(-3, 64 * 1024)  # M_MMAP_THRESHOLD: big blocks get their own mapping, unmapped on free

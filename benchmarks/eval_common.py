@@ -34,7 +34,7 @@ from agent.engines.registry import ModelSpec, ModelSpecError, SpecModel, SpecOpt
 from agent.loop import AgentConfig
 from agent.rollout import ChatPlayer, Player, TokenPlayer
 from saocore.jsonl import iter_jsonl
-from trainer.run_folder import write_json_atomic
+from trainer.runs.run_folder import write_json_atomic
 
 SPEC_HELP = registry.spec_help()
 
@@ -157,7 +157,7 @@ def read_jsonl_records(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
 
 
 def write_json(path: Path, data: Any) -> None:
-    """Write JSON atomically and durably (``trainer.run_folder.write_json_atomic``)."""
+    """Write JSON atomically and durably (``trainer.runs.run_folder.write_json_atomic``)."""
     write_json_atomic(path, data, indent=2)
 
 

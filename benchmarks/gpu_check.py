@@ -1,7 +1,7 @@
 """`scripts/gpu_check.sh`'s measurements: one SAO learner step of a dense and an MoE model on one GPU (bf16, ZeRO 0).
 
-For each model (random init, built in memory by ``trainer.models.load_actor`` from a ``tiny:*`` config enlarged with
-``model.tiny_overrides``; no weights travel):
+For each model (random init, built in memory by ``trainer.learn.models.load_actor`` from a ``tiny:*`` config enlarged
+with ``model.tiny_overrides``; no weights travel):
 
 - peak memory of one actor forward + backward at each sequence length with full-vocabulary logprobs (``naive``), the
   learner's chunked ones (``chunked``) and none (``backbone``, the floor), by ``benchmarks.bench_memory.actor_step``;
@@ -149,7 +149,7 @@ def logprob_memory(model: Any, lengths: tuple[int, ...], device: Any) -> list[di
     import torch
 
     from benchmarks.bench_memory import actor_step
-    from trainer.learner import LOGPROB_CHUNK_TOKENS
+    from trainer.learn.learner import LOGPROB_CHUNK_TOKENS
 
     vocab = model.get_output_embeddings().weight.shape[0]
     rows: list[dict[str, Any]] = []
@@ -224,8 +224,9 @@ def sao_config(model_path: str, overrides: dict[str, Any]) -> Any:
 
 
 def with_torch_adam(ds_config: Callable[..., dict[str, Any]]) -> Callable[..., dict[str, Any]]:
-    """``trainer.deepspeed_engine.ds_config`` with DeepSpeed told to step a torch AdamW: the fallback when its fused
-    Adam op cannot be JIT-built on the GPU machine, so the step can still be timed (and the failure is reported)."""
+    """``trainer.learn.deepspeed_engine.ds_config`` with DeepSpeed told to step a torch AdamW: the fallback when its
+    fused Adam op cannot be JIT-built on the GPU machine, so the step can still be timed (and the failure is
+    reported)."""
 
     @functools.wraps(ds_config)
     def conf(*a: Any, **k: Any) -> dict[str, Any]:
@@ -243,8 +244,8 @@ def _optimizer_name(engine: Any) -> str:
 
 def make_learner(cfg: Any, actor: Any, critic: Any, rec: dict[str, Any]) -> Any:
     """The project's learner; if DeepSpeed's fused Adam op fails to build, again with a torch AdamW (recorded)."""
-    import trainer.deepspeed_engine
-    from trainer.learner import Learner
+    import trainer.learn.deepspeed_engine
+    from trainer.learn.learner import Learner
 
     try:
         learner = Learner(cfg, actor, critic, pad_token_id=0)
@@ -252,12 +253,12 @@ def make_learner(cfg: Any, actor: Any, critic: Any, rec: dict[str, Any]) -> Any:
         if "fused_adam" not in traceback.format_exc().lower().replace("fusedadam", "fused_adam"):
             raise
         rec["optimizer_error"] = f"{type(e).__name__}: {e}"[:1000]
-        original = trainer.deepspeed_engine.ds_config
-        trainer.deepspeed_engine.ds_config = with_torch_adam(original)
+        original = trainer.learn.deepspeed_engine.ds_config
+        trainer.learn.deepspeed_engine.ds_config = with_torch_adam(original)
         try:
             learner = Learner(cfg, actor, critic, pad_token_id=0)
         finally:
-            trainer.deepspeed_engine.ds_config = original
+            trainer.learn.deepspeed_engine.ds_config = original
     rec["optimizer"] = _optimizer_name(learner.actor)
     return learner
 
@@ -330,7 +331,7 @@ def values_bf16_rounded(critic: Any, device: Any) -> bool:
 def check_model(name: str, check: CheckConfig, device: Any, t_end: float, peak_tflops: float, rec: dict[str, Any],
                 save: Callable[[], None]) -> None:  # fmt: skip
     """Build one actor + critic, then measure its logprob memory, the head's dtype and its SAO steps into ``rec``."""
-    from trainer.models import load_actor, load_critic
+    from trainer.learn.models import load_actor, load_critic
 
     path, overrides = (CPU_MODELS if check.cpu else GPU_MODELS)[name]
     cfg = sao_config(path, overrides)

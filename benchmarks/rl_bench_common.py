@@ -135,11 +135,11 @@ def load_yaml(path: Path) -> dict[str, Any]:
 
 
 def train_run(cfg: dict[str, Any], run_dir: Path) -> tuple[list[dict[str, Any]], float]:
-    """Train one config with the real trainer (``trainer.run.train``) in this process; returns its metrics rows
+    """Train one config with the real trainer (``trainer.runs.run.train``) in this process; returns its metrics rows
     and the wall-clock seconds of the whole call. A previous run in ``run_dir`` is replaced (the benchmark owns
     its output folder)."""
-    from trainer.metrics import read_metrics
-    from trainer.run import train
+    from trainer.runs.metrics import read_metrics
+    from trainer.runs.run import train
 
     if run_dir.exists():
         shutil.rmtree(run_dir)
@@ -257,11 +257,11 @@ def write_demonstrations(
 
 def warm_start(cfg: dict[str, Any], spec: dict[str, Any], out_dir: Path) -> Path:
     """Make the tiny model of ``cfg`` competent before RL: demonstrations from the env's oracle, then `sao sft`
-    (``trainer.sft.run_sft``, the action-token loss on the agent's own rendering) from ``cfg``'s model and seed.
+    (``trainer.sft.run.run_sft``, the action-token loss on the agent's own rendering) from ``cfg``'s model and seed.
     ``spec``: ``episodes``, ``steps``, ``lr``, ``batch_size`` and ``demo`` (the oracle's settings). Returns the
     fine-tuned model dir (``out_dir/final/actor``, tokenizer included) for ``model.path``. Reuses a finished one."""
     from trainer.config import config_from_dict
-    from trainer.sft import run_sft
+    from trainer.sft.run import run_sft
 
     final = out_dir / "final" / "actor"
     if (final / "config.json").exists():
@@ -383,7 +383,7 @@ def warm_start_check(
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from trainer.sft_data import load_examples
+    from trainer.sft.data import load_examples
 
     tok = AutoTokenizer.from_pretrained(str(model_dir))
     model: Any = AutoModelForCausalLM.from_pretrained(str(model_dir))

@@ -23,7 +23,7 @@ def sft_cmd(
 ) -> None:
     """Fine-tune the actor on demonstrations (loss on action tokens only); writes RUN_DIR/final/actor."""
     from trainer.config import ConfigError
-    from trainer.sft_data import SFTDataError
+    from trainer.sft.data import SFTDataError
 
     items = list(overrides or [])
     if config is not None and "=" in config and not config.endswith((".yaml", ".yml")):
@@ -34,7 +34,7 @@ def sft_cmd(
     if min_reward is not None:
         items.append(f"sft.min_reward={min_reward}")
     try:
-        from trainer.sft import sft
+        from trainer.sft.run import sft
 
         run_dir, last = sft(config, items, resume)
     except (ConfigError, SFTDataError) as e:

@@ -47,7 +47,7 @@ def train_cmd(
         with contextlib.nullcontext() if verbose or log is None else third_party_to_log(log):
             if log is not None and not verbose and int(os.environ.get("RANK", "0") or 0) == 0:
                 say(f"sao train: setting up (models, DeepSpeed, rollout engine); library output goes to {log}")
-            from trainer.run import train
+            from trainer.runs.run import train
 
             run_dir = train(config, items, resume)
     except (ConfigError, EnvSetupError) as e:
@@ -95,7 +95,7 @@ def pretrain_value_cmd(
     try:
         dest = Path(out) if out else Path(load_config(config, list(overrides or [])).run.dir) / "value_init"
         with third_party_to_log(dest / "logs" / "third_party.log"):
-            from trainer.value_pretrain import pretrain_value
+            from trainer.learn.value_pretrain import pretrain_value
 
             path = pretrain_value(config, rollouts, out, epochs, list(overrides or []))
     except ConfigError as e:
@@ -109,7 +109,7 @@ def plot_cmd(
     out: Annotated[str | None, typer.Option("--out", help="PNG path (default RUN_DIR/plots/curves.png)")] = None,
 ) -> None:
     """Write the training curves of a run as a PNG."""
-    from trainer.metrics import plot_run
+    from trainer.runs.metrics import plot_run
 
     try:
         path = plot_run(run_dir, out)

@@ -267,7 +267,7 @@ class SFTConfig:
 
     data: list[str] = field(default_factory=list)
     """JSONL / parquet files or hub ids of chat conversations (OpenAI messages) or SAO trajectories (see
-    ``trainer/sft_data.py``); the ``sft`` stage of a staged run uses the ``collect`` stage's trajectories."""
+    ``trainer/sft/data.py``); the ``sft`` stage of a staged run uses the ``collect`` stage's trajectories."""
     min_reward: float | None = None
     """Trajectories only: keep those with ``reward >= min_reward`` (rejection sampling); null keeps all."""
     epochs: int = 1
@@ -375,7 +375,7 @@ class Config:
     pretrain_value: PretrainValueConfig = field(default_factory=PretrainValueConfig)
     stages: list[str] = field(default_factory=list)
     """Run these stages in order under ``sao train`` (e.g. ``[collect, sft, eval, train, eval]``, see
-    ``trainer/stages.py``); empty = RL training only."""
+    ``trainer/runs/stages.py``); empty = RL training only."""
 
     @property
     def algorithm(self) -> AlgorithmSpec:

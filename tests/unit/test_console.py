@@ -42,7 +42,7 @@ import os, sys, warnings
 from saocore.console import ProgressLine, say, third_party_to_log
 with third_party_to_log(sys.argv[1]):
     print("ours: printed by __main__")
-    import logging; logging.getLogger("trainer.run").warning("ours: a trainer warning")
+    import logging; logging.getLogger("trainer.runs.run").warning("ours: a trainer warning")
     say("ours: said")
     warnings.warn("a third-party style warning")
     import logging; logging.getLogger("somelib").warning("somelib warning")

@@ -55,7 +55,7 @@ def _watch(parent_pid: int, group: int) -> None:
 def _local_model_dir(cfg: Config, into: Path) -> str:
     """A HF model directory on this node for the engine: the configured path, or a ``tiny:*`` model written here."""
     from saocore.paths import resolve_model_path
-    from trainer.models import load_actor, load_tokenizer
+    from trainer.learn.models import load_actor, load_tokenizer
 
     path = resolve_model_path(cfg.model.path)
     if not path.startswith("tiny:"):

@@ -3,8 +3,8 @@
 Roles, each a Ray actor with the resources its ``cluster.*_resources`` entry asks for:
 
 - ``TrainerRank`` x ``cluster.trainer_ranks``: one DeepSpeed world across the actors (gloo on CPU, NCCL on GPU;
-  ``MASTER_ADDR`` is rank 0's node). Rank 0 runs the usual loop (``trainer.run.Trainer.lead_run``; ``run_on_ray``
-  is handed the ``Trainer`` class by ``trainer.run.train``, the layer above), the others follow its commands,
+  ``MASTER_ADDR`` is rank 0's node). Rank 0 runs the usual loop (``trainer.runs.run.Trainer.lead_run``; ``run_on_ray``
+  is handed the ``Trainer`` class by ``trainer.runs.run.train``, the layer above), the others follow its commands,
   exactly as under torchrun.
 - ``EngineHost`` x ``cluster.engines``: starts a server of ``rollout.engine`` (its registry entry's ``serve``: for
   ``vllm``, a vLLM server with the SAO worker extension) on its node, from a model directory local to that node
@@ -42,7 +42,7 @@ from agent.rollout import Episode, infra_error_trajectory
 from trainer.cluster.engine_host import EngineHostImpl
 from trainer.cluster.sandbox_host import RemoteSandbox, SandboxHostClient, SandboxHostImpl, episode_sandboxes
 from trainer.config import Config
-from trainer.rollout_stack import episode_runner
+from trainer.rollout.rollout_stack import episode_runner
 
 NAMESPACE = "sao"
 
@@ -57,7 +57,7 @@ class RolloutWorkerImpl:
 
     def __init__(self, cfg_dict: dict[str, Any], urls: list[str]) -> None:
         from trainer.config import config_from_dict
-        from trainer.models import load_tokenizer
+        from trainer.learn.models import load_tokenizer
 
         cfg = config_from_dict(cfg_dict)
         connect = engine_spec(cfg.rollout.engine).connect
@@ -201,7 +201,7 @@ class RayPlacement:
 
 
 class TrainerRankImpl:
-    """One rank of the trainer's DeepSpeed world; ``make_trainer`` is ``trainer.run.Trainer``."""
+    """One rank of the trainer's DeepSpeed world; ``make_trainer`` is ``trainer.runs.run.Trainer``."""
 
     def __init__(self, make_trainer: Callable[..., Any]) -> None:
         self.make_trainer = make_trainer
@@ -339,8 +339,8 @@ def run_on_ray(
 ) -> dict[str, Any]:
     """Place the roles, train, then stop every actor this run started; returns rank 0's last metrics with ``step``,
     ``stopped`` (a clean stop's reason, or None) and its ``exit_code``. A trainer rank that dies raises
-    ``TrainerRankLost`` (``trainer.run.train`` exits 75 on it). ``make_trainer``: ``trainer.run.Trainer`` (each
-    trainer rank builds one), handed in by ``trainer.run.train``."""
+    ``TrainerRankLost`` (``trainer.runs.run.train`` exits 75 on it). ``make_trainer``: ``trainer.runs.run.Trainer``
+    (each trainer rank builds one), handed in by ``trainer.runs.run.train``."""
     import ray
 
     _connect(cfg)

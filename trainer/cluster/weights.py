@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from agent.engines.weight_sync import BucketSender, SyncPlan, TensorSpec, WeightSyncError, dtype_name, plan_buckets
-from trainer.commands import PushWeights
+from trainer.runs.commands import PushWeights
 
 _LAYER = re.compile(r"^(.*?\.\d+)\.")
 

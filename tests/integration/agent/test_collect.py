@@ -51,8 +51,8 @@ def test_solver_episodes_are_written_resumed_and_readable(smollm2: str, tmp_path
 
     from transformers import AutoTokenizer
 
-    from trainer.sft_data import load_examples
-    from trainer.value_pretrain import read_rollouts
+    from trainer.learn.value_pretrain import read_rollouts
+    from trainer.sft.data import load_examples
 
     assert len(read_rollouts(out / "trajectories.jsonl")) == 5
     examples, stats = load_examples([str(out / "trajectories.jsonl")], AutoTokenizer.from_pretrained(smollm2),

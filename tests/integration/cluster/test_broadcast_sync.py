@@ -13,7 +13,7 @@ from agent.engines.protocols import EngineError, SamplingParams
 from agent.engines.vllm_engine import VLLMEngine
 from agent.engines.weight_sync import SyncPlan, WeightSyncError
 from trainer.cluster.weights import BroadcastSync, push
-from trainer.commands import PushWeights
+from trainer.runs.commands import PushWeights
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 

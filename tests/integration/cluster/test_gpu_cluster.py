@@ -54,7 +54,7 @@ async def test_nccl_broadcast_into_a_vllm_gpu_server(
                 p.add_(torch.randn_like(p) * 0.02)
         syncer = BroadcastSync(model, host="127.0.0.1", bucket_mb=256, timeout_s=120)
 
-        def lead(cmd: Any) -> dict[str, float]:  # trainer.commands.PushWeights
+        def lead(cmd: Any) -> dict[str, float]:  # trainer.runs.commands.PushWeights
             plan = cmd.plan
             assert plan.backend == "nccl"
             return push(model, syncer.pg, plan, zero3=False, device="cuda:0")
@@ -82,7 +82,7 @@ def test_ray_backend_on_three_gpus(tmp_path: Path) -> None:
     import ray
 
     from tests.integration.cluster.test_ray_backend import STEPS, overrides
-    from trainer.run import train
+    from trainer.runs.run import train
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     ray.init(num_gpus=3, num_cpus=8, namespace="sao", include_dashboard=False)

@@ -55,9 +55,9 @@ def check_what_the_trainer_consumed(train: Path, start_model: Path, budget: int)
     from safetensors.torch import load_file
 
     from trainer.algos.registry import PolicyLossInputs, get_advantage, get_policy_loss
-    from trainer.batch import collate
     from trainer.config import load_config
-    from trainer.learner import Learner
+    from trainer.learn.batch import collate
+    from trainer.learn.learner import Learner
 
     trajs = _trained(train)
     assert len(trajs) == 2 and all(t.env_id == "sao/SWE-v0" for t in trajs)

@@ -49,8 +49,8 @@ def uneven_trajectories(model: Any, seed: int = 0, vocab: int = 500) -> list[Tra
 
 def learner(algorithm: str, micro_batch_size: int, micro_batch_tokens: int) -> Any:
     from trainer import distributed
-    from trainer.learner import Learner
-    from trainer.models import load_actor, load_critic
+    from trainer.learn.learner import Learner
+    from trainer.learn.models import load_actor, load_critic
 
     distributed.init_distributed()
     cfg = config_from_dict(

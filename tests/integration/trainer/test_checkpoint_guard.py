@@ -16,10 +16,10 @@ ROOT = Path(__file__).resolve().parents[3]
 
 def test_nonfinite_weights_leave_the_last_good_checkpoint_latest(deepspeed_env: dict[str, str], tmp_path: Path) -> None:
     from trainer import distributed
-    from trainer.ledger import Ledger
-    from trainer.pipeline import Coordinator, TaskSource
-    from trainer.run import Trainer
-    from trainer.run_folder import latest_checkpoint
+    from trainer.rollout.ledger import Ledger
+    from trainer.rollout.pipeline import Coordinator, TaskSource
+    from trainer.runs.run import Trainer
+    from trainer.runs.run_folder import latest_checkpoint
 
     distributed.init_distributed()
     cfg = load_config(ROOT / "configs" / "toy.yaml", [f"run.dir={tmp_path}", "run.tensorboard=false"])

@@ -13,8 +13,8 @@ pytestmark = [pytest.mark.deepspeed]
 
 def test_values_are_not_rounded_to_bf16_under_deepspeed_bf16(deepspeed_env: dict[str, str]) -> None:
     from trainer import distributed
-    from trainer.deepspeed_engine import make_engine
-    from trainer.models import load_actor, load_critic
+    from trainer.learn.deepspeed_engine import make_engine
+    from trainer.learn.models import load_actor, load_critic
 
     distributed.init_distributed()
     cfg = config_from_dict(

@@ -30,8 +30,8 @@ def test_warmup_batches_train_only_the_critic_and_are_counted(
 ) -> None:
     """3 warm-up batches then 2 policy steps at K = 2: the critic steps (3 + 2) x 2 = 10 times, the actor twice,
     and the policy version moves only with the policy steps (the warm-up batches are all version 0)."""
-    from trainer import learner as learner_mod
-    from trainer.run import train
+    from trainer.learn import learner as learner_mod
+    from trainer.runs.run import train
 
     counts = {"actor": 0, "critic": 0}
     policies: list[bool] = []
@@ -85,8 +85,8 @@ def test_warmup_is_refused_for_an_algorithm_without_a_critic() -> None:
 def test_the_critic_has_its_own_gradient_clip(deepspeed_env: dict[str, str]) -> None:
     from trainer import distributed
     from trainer.config import config_from_dict
-    from trainer.learner import Learner
-    from trainer.models import load_actor, load_critic
+    from trainer.learn.learner import Learner
+    from trainer.learn.models import load_actor, load_critic
 
     distributed.init_distributed()
     cfg = config_from_dict(

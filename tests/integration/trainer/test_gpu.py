@@ -32,8 +32,8 @@ def needs_gpus(n: int) -> pytest.MarkDecorator:
 @needs_gpus(1)
 def test_bf16_sao_step_on_cuda_with_nccl(deepspeed_env: dict[str, str]) -> None:
     from trainer import distributed
-    from trainer.learner import Learner
-    from trainer.models import load_actor, load_critic
+    from trainer.learn.learner import Learner
+    from trainer.learn.models import load_actor, load_critic
 
     distributed.init_distributed()
     assert torch.distributed.get_backend() == "nccl"

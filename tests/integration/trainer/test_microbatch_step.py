@@ -14,7 +14,7 @@ import torch
 
 from tests.conftest import cli_env, free_port
 from tests.integration.trainer._microbatch_worker import SHAPES, K, step_gradients
-from trainer.deepspeed_engine import micro_rows
+from trainer.learn.deepspeed_engine import micro_rows
 
 pytestmark = [pytest.mark.deepspeed]
 

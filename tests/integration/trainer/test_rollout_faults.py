@@ -14,8 +14,8 @@ import pytest
 
 from tests.integration.sandboxes.test_daemon_restart import PrivateDockerd, dockerd  # noqa: F401 - the fixture
 from tests.integration.trainer.test_runs import FAST, ROOT, _env, _sao, _steps
-from trainer.ledger import replay
-from trainer.run_folder import latest_state
+from trainer.rollout.ledger import replay
+from trainer.runs.run_folder import latest_state
 
 pytestmark = [pytest.mark.docker, pytest.mark.deepspeed, pytest.mark.slow, pytest.mark.timeout(900)]
 

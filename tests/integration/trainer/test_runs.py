@@ -58,7 +58,7 @@ def _steps(run_dir: Path) -> list[int]:
 
 
 def test_kill9_and_resume_keeps_the_books(tmp_path: Path) -> None:
-    from trainer.ledger import replay
+    from trainer.rollout.ledger import replay
 
     run = tmp_path / "run"
     args = ["train", str(ROOT / "configs/toy.yaml"), f"run.dir={run}", "run.total_steps=5", "run.save_every=2", *FAST]

@@ -32,8 +32,8 @@ def _learner(
     **trainer: object,
 ) -> tuple[Any, list[Any]]:
     from trainer import distributed
-    from trainer.learner import Learner
-    from trainer.models import load_actor, load_critic
+    from trainer.learn.learner import Learner
+    from trainer.learn.models import load_actor, load_critic
 
     distributed.init_distributed()
     cfg = config_from_dict(
@@ -52,7 +52,7 @@ def _learner(
 
 
 def test_sao_step_moves_actor_and_only_non_attention_critic_params(deepspeed_env: dict[str, str]) -> None:
-    from trainer.models import attention_param_names
+    from trainer.learn.models import attention_param_names
 
     learner, trajs = _learner("sao", critic_updates_per_step=2)
     critic = learner.critic.module

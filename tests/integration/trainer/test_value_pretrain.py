@@ -20,8 +20,8 @@ def test_pretrained_critic_is_loadable_and_fits_the_returns(
 ) -> None:
     from saocore.tiny_models import build_tiny_model
     from trainer.config import load_config
-    from trainer.models import load_actor, load_critic
-    from trainer.value_pretrain import pretrain_value
+    from trainer.learn.models import load_actor, load_critic
+    from trainer.learn.value_pretrain import pretrain_value
 
     rollouts = tmp_path / "rollouts.jsonl"
     write_jsonl(rollouts, synthetic_trajectories(build_tiny_model("llama"), 16))
@@ -77,7 +77,7 @@ def test_fit_critic_reports_held_out_explained_variance_above_zero(
     """The pretrain_value stage's core: a fit on whole tasks, the explained variance on tasks it never saw before
     (a fresh value head: about 0 or below) and after (clearly above 0)."""
     from trainer.config import config_from_dict
-    from trainer.value_pretrain import fit_critic, split_by_task
+    from trainer.learn.value_pretrain import fit_critic, split_by_task
 
     cfg = config_from_dict(
         {

@@ -139,7 +139,7 @@ def test_verdict_needs_every_part_test_and_length() -> None:
 
 
 def test_bf16_rounded_values_tell_a_bf16_head_from_a_float32_one() -> None:
-    from trainer.models import ValueModel
+    from trainer.learn.models import ValueModel
 
     class Engine(torch.nn.Module):  # what the check reads of a DeepSpeed engine: .module and the forward
         def __init__(self, module: torch.nn.Module) -> None:

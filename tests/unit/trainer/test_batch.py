@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from agent.records import Segment, Trajectory
-from trainer.batch import collate
+from trainer.learn.batch import collate
 
 PAD = 0
 

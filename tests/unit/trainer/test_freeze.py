@@ -7,7 +7,7 @@ import torch
 
 from saocore.tiny_models import build_tiny_model
 from trainer.config import ConfigError, config_from_dict
-from trainer.models import ValueModel, attention_param_names, freeze_attention, load_critic
+from trainer.learn.models import ValueModel, attention_param_names, freeze_attention, load_critic
 
 
 @pytest.mark.parametrize("kind", ["llama", "moe"])

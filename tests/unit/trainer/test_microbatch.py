@@ -1,4 +1,4 @@
-"""Micro batches by a token budget (``trainer.deepspeed_engine.micro_rows`` / ``shard_batch``): the plan's
+"""Micro batches by a token budget (``trainer.learn.deepspeed_engine.micro_rows`` / ``shard_batch``): the plan's
 invariants, the row cut it replaces, empty micro batches that keep ranks in step, and a gradient equal to the unsplit
 batch's."""
 
@@ -13,9 +13,9 @@ import torch
 from agent.records import Segment, Trajectory
 from trainer import distributed as dist_utils
 from trainer.algos.losses import value_loss
-from trainer.batch import Batch, collate
 from trainer.config import ConfigError, DeepSpeedConfig, config_from_dict
-from trainer.deepspeed_engine import critic_step, micro_rows, shard_batch, shard_like, token_scale
+from trainer.learn.batch import Batch, collate
+from trainer.learn.deepspeed_engine import critic_step, micro_rows, shard_batch, shard_like, token_scale
 
 
 def _plan_rows(plan: list[list[list[int]]]) -> list[int]:
@@ -170,7 +170,7 @@ class _Accumulator:
 
 def _critic() -> torch.nn.Module:
     from saocore.tiny_models import build_tiny_model
-    from trainer.models import ValueModel
+    from trainer.learn.models import ValueModel
 
     lm = build_tiny_model("llama", seed=0, vocab_size=VOCAB)
     torch.manual_seed(1)
@@ -191,7 +191,7 @@ def _returns(b: Batch) -> torch.Tensor:
 def test_the_gradient_equals_the_unsplit_unsorted_batch(
     at_rank: Callable[[int, int], None], world: int, budget: int
 ) -> None:
-    from trainer.models import shifted_values
+    from trainer.learn.models import shifted_values
 
     critic = _critic()
     full = collate(_trajectories(UNEVEN), pad_token_id=0)

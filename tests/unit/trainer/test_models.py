@@ -7,7 +7,7 @@ from typing import Any
 import torch
 
 from saocore.tiny_models import build_tiny_model
-from trainer.models import ValueModel, shifted_values
+from trainer.learn.models import ValueModel, shifted_values
 
 
 def test_shifted_values_moves_every_value_one_token_right() -> None:
@@ -52,7 +52,7 @@ def test_gradient_checkpointing_keeps_fewer_activations_for_backward() -> None:
     from pathlib import Path
 
     from trainer.config import load_config
-    from trainer.models import load_actor, load_critic
+    from trainer.learn.models import load_actor, load_critic
 
     toy = Path(__file__).resolve().parents[3] / "configs" / "toy.yaml"
     kept: dict[tuple[bool, str], int] = {}

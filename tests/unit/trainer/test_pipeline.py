@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from agent.records import Segment, Trajectory
-from trainer.ledger import Ledger, replay
-from trainer.pipeline import Coordinator, TaskSource
+from trainer.rollout.ledger import Ledger, replay
+from trainer.rollout.pipeline import Coordinator, TaskSource
 
 
 def _traj(version: int, status: str = "ok") -> Trajectory:

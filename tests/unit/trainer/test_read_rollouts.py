@@ -10,7 +10,7 @@ import pytest
 from agent.records import Segment, Trajectory, write_jsonl
 from agent.records_arrow import write_parquet
 from trainer.config import ConfigError
-from trainer.value_pretrain import read_rollouts
+from trainer.learn.value_pretrain import read_rollouts
 
 
 def _trajs() -> list[Trajectory]:

@@ -14,9 +14,10 @@ from agent.loop import AgentConfig
 from agent.records import read_jsonl
 from agent.rollout import RunnerConfig, TokenPlayer
 from tests.unit.agent.agent_fakes import CharChatMLTokenizer
-from trainer import rollout_stack, stages
 from trainer.config import config_from_dict
-from trainer.rollout_stack import episode_runner
+from trainer.rollout import rollout_stack
+from trainer.rollout.rollout_stack import episode_runner
+from trainer.runs import stages
 
 TOK = CharChatMLTokenizer()
 
@@ -30,7 +31,7 @@ def _cfg() -> Any:
 
 def test_the_training_run_and_the_ray_workers_take_cfg_rollout_as_it_is() -> None:
     cfg, engine = _cfg(), ScriptedEngine([[2]])
-    runner = episode_runner(cfg, engine, TOK)  # trainer.run's _setup and RolloutWorkerImpl pass nothing more
+    runner = episode_runner(cfg, engine, TOK)  # trainer.runs.run's _setup and RolloutWorkerImpl pass nothing more
     player = runner.player
     assert isinstance(player, TokenPlayer) and player.engine is engine and player.tokenizer is TOK
     assert player.cfg == AgentConfig(max_context_tokens=1000, max_action_tokens=40, max_turns=5, temperature=0.7)

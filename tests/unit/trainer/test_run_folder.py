@@ -1,4 +1,4 @@
-"""trainer.run_folder: the one writer of checkpoints and summary files (durable, atomic, latest, refusal)."""
+"""trainer.runs.run_folder: the one writer of checkpoints and summary files (durable, atomic, latest, refusal)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from trainer.config import ConfigError
-from trainer.run_folder import (
+from trainer.runs.run_folder import (
     STATE_FILE,
     checkpoint_paths,
     commit_checkpoint,

@@ -80,7 +80,7 @@ def _traj(tok: Any, reward: float, status: str = "ok") -> dict[str, Any]:
 
 
 def test_trajectories_are_filtered_by_reward_and_keep_their_own_ids(tmp_path: Path, tok: Any) -> None:
-    from trainer.sft_data import load_examples
+    from trainer.sft.data import load_examples
 
     recs = [_traj(tok, 1.0), _traj(tok, 0.0), {"type": "trajectory", "trajectory": _traj(tok, 1.0)},
             {"type": "event", "uid": "x"}, _traj(tok, 1.0, "infra_error")]  # fmt: skip
@@ -103,7 +103,7 @@ def test_trajectories_are_filtered_by_reward_and_keep_their_own_ids(tmp_path: Pa
     ],
 )
 def test_bad_records_name_the_file_line_and_fix(tmp_path: Path, tok: Any, record: dict[str, Any], needle: str) -> None:
-    from trainer.sft_data import SFTDataError, load_examples
+    from trainer.sft.data import SFTDataError, load_examples
 
     good = {"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}
     data = _write(tmp_path / "d.jsonl", [good, record])
@@ -113,7 +113,7 @@ def test_bad_records_name_the_file_line_and_fix(tmp_path: Path, tok: Any, record
 
 
 def test_a_trajectory_from_another_tokenizer_is_refused(tmp_path: Path, tok: Any) -> None:
-    from trainer.sft_data import SFTDataError, load_examples
+    from trainer.sft.data import SFTDataError, load_examples
 
     rec = _traj(tok, 1.0)
     shifted = dict(rec)
@@ -130,7 +130,7 @@ def test_a_trajectory_from_another_tokenizer_is_refused(tmp_path: Path, tok: Any
 def test_bucketing_keeps_batch_size_covers_everything_and_pads_less() -> None:
     import random
 
-    from trainer.sft_data import bucketed_batches, padding_fraction
+    from trainer.sft.data import bucketed_batches, padding_fraction
 
     rng = random.Random(0)
     lengths = [rng.randint(20, 400) for _ in range(200)]

@@ -24,7 +24,7 @@ def _traj(tok: Any, tid: str, actions: list[str], solved: bool, status: str = "o
 def test_episode_scores_count_valid_tool_calls_success_and_turns(smollm2_dir: Path) -> None:
     from transformers import AutoTokenizer
 
-    from trainer.stages import episode_scores
+    from trainer.runs.stages import episode_scores
 
     tok = AutoTokenizer.from_pretrained(str(smollm2_dir))
     call = '<tool_call>{"name": "python", "arguments": {"code": "print(2 * 3)"}}</tool_call>'
@@ -46,7 +46,7 @@ def test_episode_scores_count_valid_tool_calls_success_and_turns(smollm2_dir: Pa
 
 
 def test_paired_difference_uses_the_tasks_both_evals_ran() -> None:
-    from trainer.stages import paired_difference
+    from trainer.runs.stages import paired_difference
 
     before = {"a": 0, "b": 0, "c": 1, "d": 1, "only_before": 1}
     after = {"a": 1, "b": 0, "c": 1, "d": 1, "only_after": 0}

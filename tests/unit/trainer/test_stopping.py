@@ -1,4 +1,4 @@
-"""Stop requests of a run (trainer.stopping): SIGTERM, a dead vLLM server, given servers that stop answering and
+"""Stop requests of a run (trainer.runs.stopping): SIGTERM, a dead vLLM server, given servers that stop answering and
 a rollout side that only returns infra errors end the wait for a batch."""
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import pytest
 
 from agent.records import Segment, Trajectory
 from agent.rollout import infra_error_trajectory
-from trainer.ledger import Ledger, replay
-from trainer.pipeline import Coordinator, TaskSource
-from trainer.stopping import (
+from trainer.rollout.ledger import Ledger, replay
+from trainer.rollout.pipeline import Coordinator, TaskSource
+from trainer.runs.stopping import (
     EXIT_RESUMABLE,
     EXIT_SIGTERM,
     InfraStreak,

@@ -10,8 +10,8 @@ from typing import Any
 from agent.records import Trajectory
 from agent.rollout import Episode, episodes_of, task_id_of
 from trainer.cluster.ray_backend import RayRolloutRunner
-from trainer.ledger import Ledger
-from trainer.pipeline import Coordinator, TaskSource
+from trainer.rollout.ledger import Ledger
+from trainer.rollout.pipeline import Coordinator, TaskSource
 
 TASKS: list[dict[str, Any]] = [
     {"problem": "1+1"},  # no id: named by its index

@@ -58,7 +58,7 @@ def test_token_gae_and_the_registry_entries_read_the_truncated_flag() -> None:
 
 def test_batch_carries_the_trajectory_status_as_the_truncated_flag() -> None:
     from agent.records import Segment, Trajectory
-    from trainer.batch import collate
+    from trainer.learn.batch import collate
 
     segs = (Segment("prompt", (1, 2)), Segment("action", (3, 4), (-0.1, -0.2), 0, 0.0))
     trajs = [Trajectory("a", "e", segs, 0.0, "truncated"), Trajectory("b", "e", segs, 1.0, "ok")]

@@ -7,7 +7,7 @@ import torch
 
 from agent.records import Segment, Trajectory
 from trainer.algos.registry import AdvantageInputs, get_advantage
-from trainer.batch import collate
+from trainer.learn.batch import collate
 
 
 def _act(ids: list[int], reward: float | None) -> Segment:

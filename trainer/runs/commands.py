@@ -46,7 +46,7 @@ class PushWeights:
 @dataclass(frozen=True)
 class Stop:
     """The last command: ranks > 0 return from ``follow``; ``run_dir`` receives the parameter digest if asked.
-    ``reason``: why the run stopped before its last step (``trainer.stopping``), None when it finished; every rank
+    ``reason``: why the run stopped before its last step (``trainer.runs.stopping``), None when it finished; every rank
     then exits with ``exit_code``."""
 
     run_dir: str

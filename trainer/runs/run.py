@@ -27,23 +27,23 @@ from agent.engines.registry import InProcessArgs, ServeArgs, engine_spec
 from envs.registration import preflight
 from saocore.jsonl import append_jsonl
 from trainer import distributed as dist_utils
-from trainer.commands import Command, Export, PushWeights, Save, Saved, Stop, Train
+from trainer.runs.commands import Command, Export, PushWeights, Save, Saved, Stop, Train
 from trainer.config import Config, ConfigError, config_diff, load_config, save_config
-from trainer.env_tasks import load_env_tasks
-from trainer.learner import Learner
-from trainer.ledger import Ledger, replay
-from trainer.metrics import MetricsWriter, plot_run
-from trainer.pipeline import Coordinator, Item, TaskSource
-from trainer.progress import TrainProgress
-from trainer.rollout_stack import episode_runner
-from trainer.run_folder import (
+from trainer.rollout.env_tasks import load_env_tasks
+from trainer.learn.learner import Learner
+from trainer.rollout.ledger import Ledger, replay
+from trainer.runs.metrics import MetricsWriter, plot_run
+from trainer.rollout.pipeline import Coordinator, Item, TaskSource
+from trainer.runs.progress import TrainProgress
+from trainer.rollout.rollout_stack import episode_runner
+from trainer.runs.run_folder import (
     checkpoint_paths,
     commit_checkpoint,
     latest_checkpoint,
     latest_state,
     refuse_existing_run,
 )
-from trainer.stopping import EXIT_RESUMABLE, ServerWatch, StopRequest, next_batch_or_stop
+from trainer.runs.stopping import EXIT_RESUMABLE, ServerWatch, StopRequest, next_batch_or_stop
 
 
 def _seed_all(seed: int) -> None:
@@ -119,7 +119,7 @@ class Trainer:
     def __init__(self, cfg: Config, run_dir: Path, state: dict[str, Any] | None, cluster: Any = None) -> None:
         """``cluster``: on rank 0 of ``cluster.backend=ray``, the placed engines and rollout workers
         (``trainer.cluster.ray_backend.RayPlacement``); None: this process makes its own engine and runner."""
-        from trainer.models import load_actor, load_critic, load_tokenizer
+        from trainer.learn.models import load_actor, load_critic, load_tokenizer
 
         self.cfg, self.run_dir, self.state = cfg, run_dir, state
         self.rank0 = dist_utils.rank() == 0
@@ -319,7 +319,7 @@ class Trainer:
     async def lead_run(self) -> dict[str, Any]:
         """Rank 0: set up the rollouts, train until ``run.total_steps``, then write the final weights. A stop request
         (SIGTERM, the run's vLLM server dying, the given servers not answering, the rollout side gone:
-        ``trainer.stopping``) ends the loop between steps with a checkpoint and no final weights; ``self.stopped``
+        ``trainer.runs.stopping``) ends the loop between steps with a checkpoint and no final weights; ``self.stopped``
         then says why, on every rank."""
         stop = StopRequest()
         stop.install()
@@ -540,7 +540,7 @@ def train(config_path: str | None, overrides: list[str] | None = None, resume: s
     cfg = load_config(config_path, overrides)
     preflight(cfg.env.id, cfg.env.kwargs)  # a bad env id or kwargs fail here, before any stage, model or episode
     if cfg.stages:  # collect / sft / eval / train in one run (configs/quickstart.yaml)
-        from trainer.stages import run_stages
+        from trainer.runs.stages import run_stages
 
         return run_stages(cfg, resume, train)
     cfg, run_dir, state = prepare_run_dir(cfg, resume)

@@ -31,8 +31,8 @@ from typing import Any, Protocol
 
 from agent.records import Trajectory
 from agent.rollout import Episode, infra_error_trajectory, task_id_of
-from trainer.ledger import Ledger
-from trainer.stopping import InfraStreak, RolloutsLost
+from trainer.rollout.ledger import Ledger
+from trainer.runs.stopping import InfraStreak, RolloutsLost
 
 
 class EpisodeSource(Protocol):

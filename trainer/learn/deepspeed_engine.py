@@ -20,9 +20,9 @@ from torch import nn
 
 from trainer import distributed as dist_utils
 from trainer.algos.losses import value_loss
-from trainer.batch import Batch
 from trainer.config import Config, ConfigError, DeepSpeedConfig
-from trainer.models import shifted_values
+from trainer.learn.batch import Batch
+from trainer.learn.models import shifted_values
 
 
 def ds_config(

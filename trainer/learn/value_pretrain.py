@@ -18,9 +18,9 @@ from agent.records import Trajectory
 from saocore.jsonl import iter_jsonl
 from trainer import distributed as dist_utils
 from trainer.algos.advantages import skip_observation_gae
-from trainer.batch import Batch, collate
 from trainer.config import Config, ConfigError, load_config
-from trainer.deepspeed_engine import (
+from trainer.learn.batch import Batch, collate
+from trainer.learn.deepspeed_engine import (
     critic_step,
     ev_from_parts,
     ev_parts,
@@ -29,7 +29,7 @@ from trainer.deepspeed_engine import (
     shard_batch,
     token_scale,
 )
-from trainer.models import shifted_values
+from trainer.learn.models import shifted_values
 
 
 def read_rollouts(path: str | Path) -> list[Trajectory]:
@@ -126,7 +126,7 @@ def fit_critic(
     optimizer step each, sharded and accumulated exactly as the learner does) and the critic written to ``out``
     (a dir ``critic.init`` accepts). Returns the fit's last loss / explained variance and the explained variance on
     ``held`` before and after: the figure that says whether the critic is warm. Collective over the ranks."""
-    from trainer.models import load_actor, load_critic, load_tokenizer
+    from trainer.learn.models import load_actor, load_critic, load_tokenizer
 
     dist_utils.init_distributed()
     torch.manual_seed(cfg.run.seed)

@@ -8,14 +8,14 @@ model flows from stage to stage: ``sft`` and ``train`` start from the current mo
 * ``collect``: ``collect.n`` episodes of ``collect.model`` (a demonstrator of ``agent.engines.registry``:
   ``solver`` for arithmetic, ``swe_demonstrator`` for SWE tasks) on the training tasks, through the one episode
   runner, in the env's sandboxes -> ``trajectories.jsonl``;
-* ``sft``: ``trainer.sft`` on ``sft.data`` or else the collected trajectories (``sft.min_reward``, default 1.0
+* ``sft``: ``trainer.sft.run`` on ``sft.data`` or else the collected trajectories (``sft.min_reward``, default 1.0
   for collected ones: only solved episodes);
 * ``eval``: the current model (on ``rollout.stage_engine``, else ``rollout.engine``: in this process, or a server
   started on the model's directory for the stage) on ``eval.n`` held-out tasks (success, valid tool-call rate,
   mean turns), its env made with ``env.kwargs`` updated by ``eval.env_kwargs``;
 * ``pretrain_value``: rollouts of the current policy, a value fit on them and its held-out explained variance;
   the next ``train`` stage starts its critic from it;
-* ``train``: SAO from the current model, through `sao train`'s entry point (``trainer.run.train``, which runs the
+* ``train``: SAO from the current model, through `sao train`'s entry point (``trainer.runs.run.train``, which runs the
   stages and hands itself in: run.py is the layer above this module).
 
 At the end: a before/after table of every eval (printed, ``summary.md``, ``summary.json``) and
@@ -41,13 +41,13 @@ from agent.rollout import episodes_of
 from saocore.paths import resolve_model_path
 from trainer import distributed as dist_utils
 from trainer.config import Config, ConfigError, save_config
-from trainer.env_tasks import load_env_tasks
-from trainer.rollout_stack import episode_runner
-from trainer.run_folder import latest_checkpoint, write_json_atomic
+from trainer.rollout.env_tasks import load_env_tasks
+from trainer.rollout.rollout_stack import episode_runner
+from trainer.runs.run_folder import latest_checkpoint, write_json_atomic
 
 DONE = "done.json"
 TrainFn = Callable[..., Path]
-"""`sao train`'s entry point, ``trainer.run.train(config_path, overrides, resume=)``, which a train stage runs."""
+"""`sao train`'s entry point, ``trainer.runs.run.train(config_path, overrides, resume=)``, which a train stage runs."""
 
 
 def training_tasks(cfg: Config) -> list[dict[str, Any]]:
@@ -102,7 +102,7 @@ async def _rollouts(
 
 
 def collect_stage(cfg: Config, model_dir: str, out: Path) -> dict[str, Any]:
-    from trainer.models import load_tokenizer
+    from trainer.learn.models import load_tokenizer
 
     c = cfg.collect
     tok = load_tokenizer(cfg)
@@ -162,7 +162,7 @@ def _stage_engine(cfg: Config, tokenizer: Any, model_dir: str, out: Path) -> Eng
     (config validation refuses an engine that can do neither)."""
     spec = engine_spec(cfg.rollout.stage_engine or cfg.rollout.engine)
     if spec.in_process is not None:
-        from trainer.models import load_actor
+        from trainer.learn.models import load_actor
 
         return spec.in_process(InProcessArgs(load_actor(cfg), tokenizer, seed=cfg.run.seed))
     assert spec.serve is not None and spec.connect is not None, "config validation refuses such a stage engine"
@@ -173,7 +173,7 @@ def _stage_engine(cfg: Config, tokenizer: Any, model_dir: str, out: Path) -> Eng
 
 
 def eval_stage(cfg: Config, model_dir: str, out: Path) -> dict[str, Any]:
-    from trainer.models import load_tokenizer
+    from trainer.learn.models import load_tokenizer
 
     tok = load_tokenizer(cfg)
     t0 = time.perf_counter()
@@ -188,7 +188,7 @@ def eval_stage(cfg: Config, model_dir: str, out: Path) -> dict[str, Any]:
 
 
 def sft_stage(cfg: Config, model_dir: str, out: Path, collected: Path | None) -> dict[str, Any]:
-    from trainer.sft import run_sft
+    from trainer.sft.run import run_sft
 
     c = copy.deepcopy(cfg)
     if not c.sft.data:
@@ -211,11 +211,11 @@ def sft_stage(cfg: Config, model_dir: str, out: Path, collected: Path | None) ->
 
 def pretrain_value_stage(cfg: Config, model_dir: str, out: Path) -> dict[str, Any]:
     """The critic's cold start: ``pretrain_value.rollouts`` episodes of the current policy (the one RL starts
-    from, not the demonstrator) on training tasks, a value fit on most of them (``trainer.value_pretrain``) and the
+    from, not the demonstrator) on training tasks, a value fit on most of them (``trainer.learn.value_pretrain``) and the
     explained variance on the held-out rest, before and after; the critic goes to ``value_init`` for the next
     ``train`` stage's ``critic.init``."""
-    from trainer.models import load_tokenizer
-    from trainer.value_pretrain import fit_critic, read_rollouts, split_by_task
+    from trainer.learn.models import load_tokenizer
+    from trainer.learn.value_pretrain import fit_critic, read_rollouts, split_by_task
 
     p = cfg.pretrain_value
     path = out / "trajectories.jsonl"
@@ -275,7 +275,7 @@ def train_stage(cfg: Config, model_dir: str, out: Path, train: TrainFn) -> dict[
     """SAO from the current model through `sao train`'s own entry point ``train`` (an unfinished stage resumes)."""
     import shutil
 
-    from trainer.metrics import read_metrics
+    from trainer.runs.metrics import read_metrics
 
     c = copy.deepcopy(cfg)
     c.stages = []
@@ -497,7 +497,7 @@ def plot_stages(run_dir: Path, results: list[dict[str, Any]]) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from trainer.metrics import read_metrics
+    from trainer.runs.metrics import read_metrics
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
     keys = [("success", "success"), ("valid_tool_call_rate", "valid tool call")]

@@ -2,7 +2,7 @@
 
 What the step does is read from the algorithm's spec (``cfg.algorithm``): which advantage estimator and policy loss,
 whether a critic trains, whether an old-policy recompute precedes the policy step. Engines and micro batches come
-from ``trainer.deepspeed_engine`` (shared with value pretraining and SFT).
+from ``trainer.learn.deepspeed_engine`` (shared with value pretraining and SFT).
 
 Bad numbers never crash a step: a trajectory with a non-finite reward is masked out, a token with a non-finite
 rollout (or recomputed) logprob is masked out of the policy loss, a batch with non-finite critic values is not
@@ -39,9 +39,9 @@ from trainer.algos.registry import (
     get_policy_loss,
     policy_loss_traits,
 )
-from trainer.batch import Batch, collate
 from trainer.config import Config, ConfigError
-from trainer.deepspeed_engine import (
+from trainer.learn.batch import Batch, collate
+from trainer.learn.deepspeed_engine import (
     critic_step,
     ev_from_parts,
     ev_parts,
@@ -54,7 +54,7 @@ from trainer.deepspeed_engine import (
     shard_like,
     token_scale,
 )
-from trainer.models import shifted_values
+from trainer.learn.models import shifted_values
 
 # Rows of the LM head computed at a time for logprobs: 1,024 x V float32 is 200 MB at SmolLM2's 49k vocabulary,
 # 620 MB at a 152k one (docs/scale.md).

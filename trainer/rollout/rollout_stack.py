@@ -1,7 +1,7 @@
 """The trainer's one rollout stack: ``cfg.rollout`` -> ``AgentConfig`` -> ``TokenPlayer`` -> ``EpisodeRunner``.
 
-Built here for every trainer-side player of episodes: the training run on rank 0 (``trainer.run``), each Ray
-rollout worker (``trainer.cluster.ray_backend``) and the stages (``trainer.stages``: collect, eval,
+Built here for every trainer-side player of episodes: the training run on rank 0 (``trainer.runs.run``), each Ray
+rollout worker (``trainer.cluster.ray_backend``) and the stages (``trainer.runs.stages``: collect, eval,
 pretrain_value, which pass their own overrides).
 """
 

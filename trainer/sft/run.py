@@ -2,7 +2,7 @@
 DeepSpeed engine, checkpoints and metrics as `sao train`.
 
 Loss: token-mean cross-entropy over action tokens only (prompt and observation tokens are masked), with token
-ids from the agent's own renderer (``trainer/sft_data.py``). Batches hold ``sft.batch_size`` sequences of
+ids from the agent's own renderer (``trainer/sft/data.py``). Batches hold ``sft.batch_size`` sequences of
 similar length (bucketing), split into ``deepspeed.micro_batch_size`` micro batches, each padded only to its
 own longest row. RUN_DIR gets ``config.yaml``, ``metrics.jsonl`` (+ TensorBoard), ``plots/curves.png``,
 resumable checkpoints (``--resume RUN_DIR``) and ``final/actor`` (a HF model dir with the tokenizer).
@@ -21,10 +21,16 @@ import torch
 from saocore.console import say
 from trainer import distributed as dist_utils
 from trainer.config import Config, ConfigError, config_diff, load_config, save_config
-from trainer.deepspeed_engine import make_engine
-from trainer.metrics import MetricsWriter, plot_run
-from trainer.run_folder import checkpoint_paths, commit_checkpoint, latest_checkpoint, latest_state, refuse_existing_run
-from trainer.sft_data import Example, bucketed_batches, load_examples, padding_fraction
+from trainer.learn.deepspeed_engine import make_engine
+from trainer.runs.metrics import MetricsWriter, plot_run
+from trainer.runs.run_folder import (
+    checkpoint_paths,
+    commit_checkpoint,
+    latest_checkpoint,
+    latest_state,
+    refuse_existing_run,
+)
+from trainer.sft.data import Example, bucketed_batches, load_examples, padding_fraction
 
 
 def _micro_tensors(rows: list[Example], pad_id: int) -> dict[str, torch.Tensor]:
@@ -61,7 +67,7 @@ class SFTRun:
     """The SFT loop of one rank; ``run()`` trains to the end and returns the final metrics."""
 
     def __init__(self, cfg: Config, run_dir: Path, examples: list[Example], state: dict[str, Any] | None) -> None:
-        from trainer.models import load_actor, load_tokenizer
+        from trainer.learn.models import load_actor, load_tokenizer
 
         s = cfg.sft
         self.cfg, self.run_dir, self.examples = cfg, run_dir, examples
@@ -127,7 +133,7 @@ class SFTRun:
 
     def save(self) -> None:
         """Collective: a resumable checkpoint (model + optimizer) written the run folder's durable way (a partial
-        folder, fsynced, renamed; ``trainer.run_folder``)."""
+        folder, fsynced, renamed; ``trainer.runs.run_folder``)."""
         ckpt, partial = checkpoint_paths(self.run_dir, self.step)
         dist_utils.barrier()  # every rank sees the emptied partial folder before writing into it
         self.engine.save_checkpoint(str(partial), tag="actor")
@@ -200,7 +206,7 @@ def run_sft(cfg: Config, run_dir: Path, resume: bool = False) -> dict[str, float
     """SFT with ``cfg`` into ``run_dir`` (a new dir, or the same run's dir when ``resume``)."""
     if not cfg.sft.data:
         raise ConfigError("sft.data is empty; give files of conversations or trajectories (sft.data=[a.jsonl])")
-    from trainer.models import load_tokenizer
+    from trainer.learn.models import load_tokenizer
 
     # The data is checked before anything heavy starts: a bad line fails in seconds.
     examples, stats = load_examples(

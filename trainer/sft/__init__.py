@@ -1,0 +1,1 @@
+"""Supervised fine-tuning of the actor on demonstrations: the run and its data."""
