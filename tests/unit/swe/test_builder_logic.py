@@ -45,3 +45,26 @@ def test_build_config_rejects_bad_values() -> None:
         BuildConfig(sdists=["click"])
     with pytest.raises(ValueError, match="unknown mutation operators"):
         BuildConfig(sdists=["click==8.5.1"], operators=("typo",))
+
+
+def test_a_bug_whose_fix_the_package_repeats_in_the_same_file_is_dropped_other_copies_fail_the_build(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from envs.swe.tasks import builder, fetch
+    from envs.swe.tasks.mutations import Mutation
+
+    m = Mutation("comparison_flip", "pkg/core.py", "area", 3, "flip", "def area(w, h):\n    return w * h\n")
+    found = builder._Found(m, "diff --git a/pkg/core.py b/pkg/core.py\n", ["t::a"], [], ["t"], [])
+    copies: list[str] = []
+    monkeypatch.setattr(builder.images, "ensure_task_image", lambda repo, patch: "img:bug")
+    monkeypatch.setattr(builder, "_head_of", lambda client, image: "abc")
+    monkeypatch.setattr(builder.audit, "audit_image", lambda client, rec: {"copies_of_the_fix": list(copies)})
+    monkeypatch.setattr(builder.audit, "problems", lambda f, rec: [f"the fixed code at {f['copies_of_the_fix']}"])
+    logged: list[str] = []
+    cfg = builder.BuildConfig(sdists=["pkg==1.0"], verify=False)
+    search = builder._Search(fetch.SdistSpec.parse("pkg==1.0"), cfg, None, "img:repo", {}, [], logged.append)
+    copies[:] = ["/testbed/pkg/core.py"]  # the fixed lines stand elsewhere in the buggy file itself
+    assert search.finish(found) is None and "also stand elsewhere in pkg/core.py" in logged[-1]
+    copies[:] = ["/opt/venv/lib/python3.11/site-packages/pkg/core.py"]  # a copy the recipe left: the build fails
+    with pytest.raises(builder.images.ImageBuildError, match="lets the agent read the fix"):
+        search.finish(found)
