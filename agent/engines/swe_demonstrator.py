@@ -6,11 +6,12 @@ sandbox: demonstrations hold the tools' real output as observations. Its private
 decodes the conversation so far and takes the next step of a careful engineer:
 
 1. reproduce: ``bash`` runs the first FAIL_TO_PASS test (``python -m pytest -q --tb=short TEST``);
-2. locate: ``grep -n`` for the definition of the function the hunk is in (git's hunk header names it), then
+2. locate: ``grep -n`` for the definition of the function the bug is in (the record's ``sao_mutation`` names it;
+   else the last ``def`` above the change in the hunk, else git's hunk header), then
    ``str_replace_editor view`` from that definition to the hunk's last line: steps a policy can take without the
-   gold patch (the function is named like the failing test, the line number is in the grep output); a hunk
-   whose header names no function is viewed from a few lines above it (the traceback of a wrong result names
-   only the test);
+   gold patch (the function is mostly named like the failing test, the line number is in the grep output); a bug
+   in no known function is viewed from a few lines above its hunk (the traceback of a wrong result names only the
+   test);
 3. fix: one ``str_replace`` per hunk of the patch, as short as the editor takes: a hunk that rewrites one line
    replaces that line's text without its indentation (an action a small model can copy from the view); else, or
    when the editor refuses that (the text is not unique), the changed lines plus one line of context on each
@@ -62,7 +63,12 @@ class Hunk:
 
     @property
     def function(self) -> str | None:
-        """The name of the function the header names (the innermost one for a method), else None."""
+        """The function the change is in, as the hunk shows it: the last ``def`` among the lines above the change,
+        else the one the header names (git names the last top-level definition above the hunk), else None."""
+        above = self.lines[: self.first_change - self.start]
+        for _, text in reversed(above):
+            if (m := _DEF.search(text)) is not None:
+                return m.group(1)
         m = _DEF.search(self.header)
         return m.group(1) if m else None
 
@@ -154,10 +160,13 @@ def demonstration(task: dict[str, Any]) -> Generator[Call, str, None]:
     f2p = list(task["FAIL_TO_PASS"])
     hunks = parse_patch(task["patch"])
     yield _tool("bash", command=_pytest(f2p[:1]))
+    # the bug's function when the record names it (offline tasks: ``sao_mutation``), else what the hunk shows
+    named = str(task.get("sao_mutation", {}).get("function", "")).rsplit(".", 1)[-1]
     for h in hunks:
         lo = max(1, h.start - VIEW_MARGIN)
-        if h.function is not None:
-            pattern = shlex.quote(f"def {h.function}(")
+        function = named if named and len(hunks) == 1 else h.function
+        if function:
+            pattern = shlex.quote(f"def {function}(")
             found = yield _tool("bash", command=f"grep -n {pattern} {shlex.quote(h.path)}")
             # the last definition of that name above the change: the one the change is in
             above = [int(n) for n in _GREP_LINE.findall(found) if int(n) <= h.first_change]

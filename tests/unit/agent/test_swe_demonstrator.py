@@ -76,6 +76,17 @@ def test_the_script_reproduces_locates_fixes_checks_and_submits() -> None:
     assert next_call(bare, ["1 failed"])["arguments"] == {"command": "view", "path": "pkg/m.py", "view_range": [6, 16]}
 
 
+def test_the_function_grepped_is_the_one_the_bug_is_in() -> None:
+    # git's header names the last top-level def above the hunk: a def among the context lines above the change is
+    # nearer (and a method's header names none); the record's sao_mutation, when there is one, names it outright
+    inner = PATCH.replace("     b = 2\n", "     def g(y):\n")
+    assert parse_patch(inner)[0].function == "g" and parse_patch(PATCH)[0].function == "f"
+    assert parse_patch(PATCH.replace(" def f(x):", ""))[0].function is None
+    assert next_call(task(patch=inner), ["1 failed"])["arguments"]["command"] == "grep -n 'def g(' pkg/m.py"
+    named = task(sao_mutation={"function": "Box.area"})
+    assert next_call(named, ["1 failed"])["arguments"]["command"] == "grep -n 'def area(' pkg/m.py"
+
+
 def test_a_refused_short_edit_is_retried_longer_then_with_the_whole_hunk_then_gives_up() -> None:
     obs = ["1 failed", "9:def f(x):", "Here is", "No replacement: old_str appears 2 times"]
     assert next_call(task(), obs[:3])["arguments"]["old_str"] == "if x < 0:"
