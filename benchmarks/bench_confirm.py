@@ -41,6 +41,10 @@ class ConfirmConfig:
     overrides: list[str] = field(default_factory=list)
     """``key=value`` overrides applied after the config's own (e.g. ``run.total_steps=1`` ``eval.n=2``)."""
     report_only: bool = False
+    from_run: Path | None = None
+    """A finished `sao train configs/quickstart.yaml` run (its stages collect, sft, eval, pretrain_value, train,
+    eval) to take as the shared start (its SFT checkpoint and SFT eval) and as the ``sao`` arm (its own RL and
+    last eval); the other arms start from its SFT checkpoint with its seed. Its held-out eval must match theirs."""
 
 
 def _set_dotted(cfg: dict[str, Any], item: str) -> dict[str, Any]:
@@ -76,6 +80,18 @@ def build_configs(cc: ConfirmConfig) -> tuple[dict[str, Any], dict[str, dict[str
         raise ValueError(f"--arms: unknown {unknown}; the config has {list(arms_spec)}")
     shared = deep_update(base, {"stages": SHARED_STAGES, "run": {"dir": str(cc.out / "shared")}})
     sft_actor = cc.out / "shared" / f"{SHARED_STAGES.index('sft'):02d}_sft" / "final" / "actor"
+    if cc.from_run is not None:
+        given = _finished_run_config(cc.from_run)
+        base = deep_update(base, {"run": {"seed": given["run"]["seed"]}})  # the held-out tasks depend on it
+        for key in ("n", "seed", "temperature"):
+            mine, theirs = given["eval"].get(key), base["eval"].get(key)
+            if mine != theirs:
+                raise ValueError(
+                    f"--from-run {cc.from_run}: its eval.{key} is {mine!r}, the arms' {theirs!r}; the arms must be "
+                    "evaluated on the same held-out tasks"
+                )
+        shared = deep_update(base, {"stages": SHARED_STAGES, "run": {"dir": str(cc.from_run)}})
+        sft_actor = _stage_dir(cc.from_run, "sft") / "final" / "actor"
     arms = {
         name: deep_update(
             deep_update(base, {"stages": ARM_STAGES, **(arms_spec[name] or {})}),
@@ -87,6 +103,18 @@ def build_configs(cc: ConfirmConfig) -> tuple[dict[str, Any], dict[str, dict[str
         if arm["stages"][-2:] != ["train", "eval"]:
             raise ValueError(f"{cc.config}: arm {name!r} stages {arm['stages']} must end with [train, eval]")
     return shared, arms
+
+
+def _finished_run_config(run_dir: Path) -> dict[str, Any]:
+    """The saved config of a finished staged run with an SFT stage and an eval before and after its train stage."""
+    summary = run_dir / "summary.json"
+    if not summary.exists() or not (run_dir / "config.yaml").exists():
+        raise FileNotFoundError(f"--from-run {run_dir}: no finished staged run there (no summary.json / config.yaml)")
+    cfg = load_yaml(run_dir / "config.yaml")
+    stages = list(cfg.get("stages") or [])
+    if "sft" not in stages or stages[-2:] != ["train", "eval"] or stages.count("eval") < 2:
+        raise ValueError(f"--from-run {run_dir}: stages {stages} are not the main job's (sft, eval, ..., train, eval)")
+    return cfg
 
 
 def _staged_child(cfg: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
@@ -264,19 +292,34 @@ def run(cc: ConfirmConfig, echo: Callable[[str], None] = print) -> dict[str, Any
     shared_cfg, arm_cfgs = build_configs(cc)
     t0 = time.perf_counter()
     shared_dir = Path(shared_cfg["run"]["dir"])
-    if cc.report_only:
+    given: dict[str, Any] | None = None  # --from-run: the finished run's summary (the sao arm's too)
+    if cc.from_run is not None:
+        given = json.loads((cc.from_run / "summary.json").read_text())
+        shared = {**given, "evals": given["evals"][:1]}  # its first eval is the SFT checkpoint's
+        echo(f"== shared: the SFT checkpoint and eval of {cc.from_run}")
+    elif cc.report_only:
         shared = json.loads((shared_dir / "summary.json").read_text())
     else:
         echo(f"== shared: {SHARED_STAGES} -> {shared_dir}")
         shared = staged_in_fresh_process(shared_cfg, cc.overrides)
     sft_eval = shared["evals"][-1]
-    sft_eval_dir = shared_dir / f"{SHARED_STAGES.index('eval'):02d}_eval"
+    sft_eval_dir = (
+        sorted(shared_dir.glob("[0-9][0-9]_eval"))[0]
+        if given
+        else shared_dir / f"{SHARED_STAGES.index('eval'):02d}_eval"
+    )
     if "time_limited" not in sft_eval:  # a summary written before the eval stage counted it
         sft_eval["time_limited"] = time_limited(sft_eval_dir, int(sft_eval["episodes"]))
     echo(f"   after SFT: success {sft_eval['success']:.3f} on {sft_eval['episodes']} held-out tasks")
     results, summaries = [], {}
     for name, cfg in arm_cfgs.items():
         run_dir = Path(cfg["run"]["dir"])
+        if given is not None and name == "sao":  # the finished run is SAO's recipe: its own RL is this arm
+            assert cc.from_run is not None
+            summaries[name] = given
+            results.append(arm_result(name, given, sft_eval, cc.from_run))
+            echo(f"   {name}: the RL stage of {cc.from_run}")
+            continue
         if cc.report_only:
             if not (run_dir / "summary.json").exists():
                 echo(f"   {name}: not run, left out")

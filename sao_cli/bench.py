@@ -295,6 +295,12 @@ def confirm(
     arms: str = typer.Option("", help="comma-separated arms (default: all in the config, in its order)"),
     override: list[str] = typer.Option([], "--set", help="key=value applied to every run (repeatable)"),
     report_only: bool = typer.Option(False, "--report-only", help="only rebuild the table and plot from --out"),
+    from_run: str = typer.Option(
+        "",
+        "--from-run",
+        help="a finished `sao train configs/quickstart.yaml` run: its SFT "
+        "checkpoint and eval are the shared start, its RL the sao arm",
+    ),
 ) -> None:
     """SAO vs GRPO (vs running mean) on SmolLM2-135M from one shared SFT checkpoint, equal trajectory budgets."""
     from pathlib import Path
@@ -302,7 +308,7 @@ def confirm(
     from benchmarks.bench_confirm import ConfirmConfig, run
 
     cc = ConfirmConfig(out=Path(out), config=Path(config), arms=_csv(arms), overrides=list(override),
-                       report_only=report_only)  # fmt: skip
+                       report_only=report_only, from_run=Path(from_run) if from_run else None)  # fmt: skip
     try:
         run(cc, echo=typer.echo)
     except (ValueError, FileNotFoundError) as e:

@@ -96,3 +96,34 @@ def test_time_limited_counts_the_last_run_of_an_eval_stage(tmp_path: Path) -> No
     assert time_limited(tmp_path, 3) == 1  # a killed first run's records (the first two) do not count
     assert time_limited(tmp_path, 5) == 3
     assert time_limited(tmp_path / "missing", 3) == 0
+
+
+def test_a_finished_main_job_run_is_the_shared_start_and_its_seed_and_eval_are_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import json
+
+    import yaml
+
+    monkeypatch.chdir(ROOT)
+    run = tmp_path / "quickstart_s1"
+    (run / "01_sft").mkdir(parents=True)
+    cfg = yaml.safe_load((ROOT / "configs" / "quickstart.yaml").read_text())
+    cfg["run"]["seed"] = 1
+    (run / "config.yaml").write_text(yaml.safe_dump(cfg))
+    (run / "summary.json").write_text(json.dumps({"evals": [], "stages": []}))
+    shared, arms = build_configs(_cc(tmp_path, from_run=run, arms=("grpo", "running_mean")))
+    for a in arms.values():
+        # the held-out tasks depend on run.seed: the arms take the finished run's, and its SFT checkpoint
+        assert a["run"]["seed"] == 1 and a["model"]["path"] == str(run / "01_sft" / "final" / "actor")
+        assert a["eval"] == shared["eval"]
+    cfg["eval"]["n"] = 32
+    (run / "config.yaml").write_text(yaml.safe_dump(cfg))
+    with pytest.raises(ValueError, match=r"its eval\.n is 32, the arms' 64"):
+        build_configs(_cc(tmp_path, from_run=run))
+    cfg["stages"] = ["collect", "sft", "eval"]
+    (run / "config.yaml").write_text(yaml.safe_dump(cfg))
+    with pytest.raises(ValueError, match="not the main job's"):
+        build_configs(_cc(tmp_path, from_run=run))
+    with pytest.raises(FileNotFoundError, match="no finished staged run"):
+        build_configs(_cc(tmp_path, from_run=tmp_path / "nowhere"))
