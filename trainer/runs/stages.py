@@ -169,7 +169,11 @@ def _stage_engine(cfg: Config, tokenizer: Any, model_dir: str, out: Path) -> Eng
     log = out / "logs" / "stage_server.log"
     path = resolve_model_path(model_dir)  # the first stage's model may be an alias (smollm2)
     server = spec.serve(ServeArgs(path, log_path=str(log), max_model_len=cfg.rollout.max_context_tokens))
-    return spec.connect([server.url], [server])
+    try:
+        return spec.connect([server.url], [server])
+    except BaseException:
+        server.stop()  # no engine owns it yet
+        raise
 
 
 def eval_stage(cfg: Config, model_dir: str, out: Path) -> dict[str, Any]:

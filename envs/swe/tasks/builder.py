@@ -242,13 +242,16 @@ class _Search:
         rec = _record(spec, task_image, _head_of(client, task_image), f)
         rec["sao_mutation"].update({"sdist": str(spec), "repo_image": self.repo_image})
         found = audit.audit_image(client, rec)
-        if found["copies_of_the_fix"] == [f"/testbed/{f.mutation.path}"]:
-            # the fixed lines stand elsewhere in the very file the bug is in (code the package itself repeats): not a
-            # leak of the recipe, but a task the agent could solve by copying; dropped like a candidate that fails
+        own = [f"/testbed/{f.mutation.path}"]
+        repeated = found["copies_of_the_fix"] == own
+        # the fixed lines standing elsewhere in the very file the bug is in (code the package itself repeats) are
+        # not a leak of the recipe, but a task the agent could solve by copying: dropped like a failed candidate,
+        # unless the image leaks the fix in another way too
+        leaks = audit.problems({**found, "copies_of_the_fix": []} if repeated else found, rec)
+        if repeated and not leaks:
             where = f.mutation.path
             self.log(f"{spec}: dropping {rec['instance_id']}: the fixed lines also stand elsewhere in {where}")
             return None
-        leaks = audit.problems(found, rec)
         if leaks:  # the recipe is broken for this package: every task would hand the agent its fix
             raise images.ImageBuildError(f"task image {task_image} lets the agent read the fix: {'; '.join(leaks)}")
         if self.cfg.verify and not grade_patch(rec, rec["patch"], client=client).resolved:

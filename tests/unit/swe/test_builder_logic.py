@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from envs.swe.tasks.builder import BuildConfig, _candidates, _relevant_tests
@@ -59,12 +61,22 @@ def test_a_bug_whose_fix_the_package_repeats_in_the_same_file_is_dropped_other_c
     monkeypatch.setattr(builder.images, "ensure_task_image", lambda repo, patch: "img:bug")
     monkeypatch.setattr(builder, "_head_of", lambda client, image: "abc")
     monkeypatch.setattr(builder.audit, "audit_image", lambda client, rec: {"copies_of_the_fix": list(copies)})
-    monkeypatch.setattr(builder.audit, "problems", lambda f, rec: [f"the fixed code at {f['copies_of_the_fix']}"])
+    other: list[str] = []  # another leak of the image (git history, bytecode), as audit.problems words it
+
+    def problems(found: dict[str, Any], rec: dict[str, Any]) -> list[str]:
+        copies = found["copies_of_the_fix"]
+        return ([f"the fixed code at {copies}"] if copies else []) + other
+
+    monkeypatch.setattr(builder.audit, "problems", problems)
     logged: list[str] = []
     cfg = builder.BuildConfig(sdists=["pkg==1.0"], verify=False)
     search = builder._Search(fetch.SdistSpec.parse("pkg==1.0"), cfg, None, "img:repo", {}, [], logged.append)
     copies[:] = ["/testbed/pkg/core.py"]  # the fixed lines stand elsewhere in the buggy file itself
     assert search.finish(found) is None and "also stand elsewhere in pkg/core.py" in logged[-1]
+    other[:] = ["unreachable git objects"]  # the same repeat, and the image leaks the fix another way: it fails
+    with pytest.raises(builder.images.ImageBuildError, match="unreachable git objects"):
+        search.finish(found)
+    other[:] = []
     copies[:] = ["/opt/venv/lib/python3.11/site-packages/pkg/core.py"]  # a copy the recipe left: the build fails
     with pytest.raises(builder.images.ImageBuildError, match="lets the agent read the fix"):
         search.finish(found)
