@@ -8,6 +8,7 @@ passes of the value loss on DeepSpeed and writes a critic checkpoint that ``crit
 
 from __future__ import annotations
 
+import math
 import random
 from pathlib import Path
 from typing import Any
@@ -119,6 +120,11 @@ def held_out_ev(critic: Any, held: list[Trajectory], cfg: Config, pad_id: int) -
     return ev_from_parts(dist_utils.all_reduce_sum(parts))
 
 
+def _ev_text(ev: float) -> str:
+    """An explained variance for a progress line; NaN means every return was equal (no variance to explain)."""
+    return "n/a (every return equal)" if math.isnan(ev) else f"{ev:.3f}"
+
+
 def fit_critic(
     cfg: Config, fit: list[Trajectory], held: list[Trajectory], epochs: int, lr: float, out: Path
 ) -> dict[str, Any]:
@@ -161,8 +167,8 @@ def fit_critic(
         curve.append({"epoch": epoch + 1, "loss": loss, "fit_ev": ev, "held_out_ev": held_ev, "grad_norm": gn})
         if dist_utils.rank() == 0:
             print(
-                f"value pretraining epoch {epoch + 1}/{epochs}: loss {loss:.4f} explained variance {ev:.3f} "
-                f"(held out {held_ev:.3f})",
+                f"value pretraining epoch {epoch + 1}/{epochs}: loss {loss:.4f} explained variance {_ev_text(ev)} "
+                f"(held out {_ev_text(held_ev)})",
                 flush=True,
             )
     sd = dist_utils.full_state_dict(critic.module, cfg.deepspeed.zero_stage)

@@ -28,6 +28,7 @@ import asyncio
 import copy
 import gc
 import json
+import math
 import os
 import time
 from collections.abc import Callable
@@ -59,7 +60,10 @@ def training_tasks(cfg: Config) -> list[dict[str, Any]]:
 
 def held_out_tasks(cfg: Config) -> list[dict[str, Any]]:
     """``eval.n`` tasks of the held-out split of ``env.tasks`` when it has one (``swe-offline:NAME``), else
-    arithmetic tasks from another seed, none of whose problems is a training task."""
+    arithmetic tasks drawn with ``eval.seed``, none of whose problems is a training task.
+
+    The draw does not depend on ``run.seed``: every seed and every arm is scored on the same set, so seeds differ
+    only by their training, not by which tasks happened to be held out."""
     from envs.datasets import arithmetic_tasks, held_out_spec, load_tasks
 
     split = held_out_spec(cfg.env.tasks)
@@ -70,7 +74,7 @@ def held_out_tasks(cfg: Config) -> list[dict[str, Any]]:
         return held
 
     seen = {str(t.get("problem", t.get("prompt"))) for t in training_tasks(cfg)}
-    pool = arithmetic_tasks(cfg.eval.n * 2 + 16, seed=cfg.eval.seed + cfg.run.seed)
+    pool = arithmetic_tasks(cfg.eval.n * 2 + 16, seed=cfg.eval.seed)
     out = [t for t in pool if t["problem"] not in seen][: cfg.eval.n]
     if len(out) < cfg.eval.n:
         raise ConfigError("eval: too few held-out tasks differ from the training tasks; change eval.seed")
@@ -215,8 +219,8 @@ def sft_stage(cfg: Config, model_dir: str, out: Path, collected: Path | None) ->
 
 def pretrain_value_stage(cfg: Config, model_dir: str, out: Path) -> dict[str, Any]:
     """The critic's cold start: ``pretrain_value.rollouts`` episodes of the current policy (the one RL starts
-    from, not the demonstrator) on training tasks, a value fit on most of them (``trainer.learn.value_pretrain``) and the
-    explained variance on the held-out rest, before and after; the critic goes to ``value_init`` for the next
+    from, not the demonstrator) on training tasks, a value fit on most of them (``trainer.learn.value_pretrain``)
+    and the explained variance on the held-out rest, before and after; the critic goes to ``value_init`` for the next
     ``train`` stage's ``critic.init``."""
     from trainer.learn.models import load_tokenizer
     from trainer.learn.value_pretrain import fit_critic, read_rollouts, split_by_task
@@ -461,9 +465,11 @@ def _report(
     table = score_table(results) if results else "(no eval stage)"
     if len(results) >= 2 and "solved_by_task" in results[0] and "solved_by_task" in results[-1]:
         mean, se, n = paired_difference(results[0]["solved_by_task"], results[-1]["solved_by_task"])
+        # With no task changing outcome the SE is 0 and a ratio means nothing: say so instead of "nan".
+        size = f"{mean / se:.1f} standard errors" if se > 0 else "no task changed outcome"
         table += (
             f"\n\nsuccess {results[-1]['label']} - {results[0]['label']}: {mean:+.3f} ± {se:.3f} "
-            f"(paired over {n} held-out tasks; {mean / se if se > 0 else float('nan'):.1f} standard errors)"
+            f"(paired over {n} held-out tasks; {size})"
         )
     table += _dynamics_text(every)
     text = f"# {run_dir.name}: stages {cfg.stages}\n\n{table}\n\nwall time {wall_s / 60:.1f} min\n"
@@ -478,7 +484,9 @@ def _dynamics_text(every: list[dict[str, Any]]) -> str:
     """The lines under the table that say whether RL had signal to learn from (value pretraining, RL batches)."""
 
     def f(v: Any) -> str:
-        return "n/a" if v is None else f"{v:.3f}" if isinstance(v, float) else str(v)
+        if v is None or (isinstance(v, float) and math.isnan(v)):  # NaN: no variance (e.g. every return equal)
+            return "n/a"
+        return f"{v:.3f}" if isinstance(v, float) else str(v)
 
     out = ""
     for r in every:

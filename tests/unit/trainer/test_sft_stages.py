@@ -53,3 +53,21 @@ def test_paired_difference_uses_the_tasks_both_evals_ran() -> None:
     mean, se, n = paired_difference(before, after)
     assert n == 4 and mean == pytest.approx(0.25)
     assert se == pytest.approx(0.25)  # d = [1, 0, 0, 0]: sample std 0.5, over sqrt(4)
+
+
+def test_held_out_set_is_one_set_for_every_seed_and_never_a_training_task() -> None:
+    from trainer.config import load_config
+    from trainer.runs.stages import held_out_tasks, training_tasks
+
+    root = Path(__file__).resolve().parents[3]
+    sets = []
+    for seed in (0, 1, 2):
+        cfg = load_config(root / "configs" / "quickstart.yaml", [f"run.seed={seed}"])
+        held = held_out_tasks(cfg)
+        assert len(held) == cfg.eval.n
+        train = {t["problem"] for t in training_tasks(cfg)}
+        assert not train & {t["problem"] for t in held}
+        sets.append([t["id"] for t in held])
+    assert sets[0] == sets[1] == sets[2]
+    other = load_config(root / "configs" / "quickstart.yaml", ["eval.seed=7"])
+    assert [t["id"] for t in held_out_tasks(other)] != sets[0]
