@@ -6,12 +6,13 @@ sandbox: demonstrations hold the tools' real output as observations. Its private
 decodes the conversation so far and takes the next step of a careful engineer:
 
 1. reproduce: ``bash`` runs the first FAIL_TO_PASS test (``python -m pytest -q --tb=short TEST``);
-2. locate: ``grep -n`` for the definition of the function the bug is in (the record's ``sao_mutation`` names it;
-   else the last ``def`` above the change in the hunk, else git's hunk header), then
-   ``str_replace_editor view`` from that definition to the hunk's last line: steps a policy can take without the
-   gold patch (the function is mostly named like the failing test, the line number is in the grep output); a bug
-   in no known function is viewed from a few lines above its hunk (the traceback of a wrong result names only the
-   test);
+2. locate: when nothing shown so far (the issue, the traceback) names the function the bug is in, print the failing
+   test's source (``grep -n -A 12 'def TEST(' FILE``: a wrong result's traceback names only the test, and the test
+   shows what it calls); then ``grep -rn`` the repository for that function's definition (the record's
+   ``sao_mutation`` names it; else the last ``def`` above the change in the hunk, else git's hunk header) and
+   ``str_replace_editor view`` the file grep printed, from that definition to the hunk's last line. Each argument
+   is copied from an earlier observation (``unshown_steps`` lists those that are not: a function no observation
+   named); a bug in no known function is viewed from a few lines above its hunk;
 3. fix: one ``str_replace`` per hunk of the patch, as short as the editor takes: a hunk that rewrites one line
    replaces that line's text without its indentation (an action a small model can copy from the view); else, or
    when the editor refuses that (the text is not unique), the changed lines plus one line of context on each
@@ -46,6 +47,7 @@ _DEF = re.compile(r"\b(?:async\s+)?def\s+(\w+)\s*\(")
 _GREP_LINE = re.compile(r"^(\d+):", re.MULTILINE)
 _EDITED = "was edited."
 MAX_CHECKED_TESTS = 5
+TEST_SOURCE_LINES = 12
 VIEW_MARGIN = 4
 
 Call = dict[str, Any]
@@ -155,24 +157,56 @@ def _pytest(tests: list[str]) -> str:
     return "python -m pytest -q --tb=short " + " ".join(shlex.quote(t) for t in tests)
 
 
+def _mentions(text: str, name: str) -> bool:
+    """Whether ``name`` stands in ``text`` as a whole identifier."""
+    return re.search(rf"(?<![\w.]){re.escape(name)}(?!\w)", text) is not None
+
+
+def _test_source(test_id: str) -> str:
+    """The command that prints a test's source: ``grep -n -A N 'def NAME(' FILE`` from its id (``FILE::[Class::]
+    NAME[params]``), every part of which the issue shows."""
+    path, *_, name = test_id.split("::")
+    name = name.split("[", 1)[0]
+    return f"grep -n -A {TEST_SOURCE_LINES} {shlex.quote(f'def {name}(')} {shlex.quote(path)}"
+
+
+def _def_lines(found: str, path: str) -> list[int]:
+    """The line numbers of ``path`` in a ``grep -rn`` output (``PATH:LINE:text`` lines)."""
+    return [int(n) for n in re.findall(rf"^{re.escape(path)}:(\d+):", found, re.MULTILINE)]
+
+
 def demonstration(task: dict[str, Any]) -> Generator[Call, str, None]:
-    """The demonstrator's calls for ``task``: yields a call, is sent that call's observation (see the module doc)."""
+    """The demonstrator's calls for ``task``: yields a call, is sent that call's observation (see the module doc).
+
+    Every argument it writes is text the episode has already shown (the issue, a test id, a traceback, a test's
+    source, a grep's output), so that a policy can learn the step by copying; the gold patch only decides which of
+    the shown names to follow. Where nothing shown names the bug's function, it still greps that name (a step no
+    policy can infer, counted by :func:`unshown_steps`)."""
     f2p = list(task["FAIL_TO_PASS"])
     hunks = parse_patch(task["patch"])
-    yield _tool("bash", command=_pytest(f2p[:1]))
+    seen = str(task.get("problem_statement", ""))
+    seen += "\n" + (yield _tool("bash", command=_pytest(f2p[:1])))
     # the bug's function when the record names it (offline tasks: ``sao_mutation``), else what the hunk shows
     named = str(task.get("sao_mutation", {}).get("function", "")).rsplit(".", 1)[-1]
+    shown_test = False
     for h in hunks:
         lo = max(1, h.start - VIEW_MARGIN)
         function = named if named and len(hunks) == 1 else h.function
         if function:
+            if not _mentions(seen, function) and not shown_test:
+                # a wrong result's traceback names only the test: its source shows what it calls
+                shown_test = True
+                seen += "\n" + (yield _tool("bash", command=_test_source(f2p[0])))
             pattern = shlex.quote(f"def {function}(")
-            found = yield _tool("bash", command=f"grep -n {pattern} {shlex.quote(h.path)}")
-            # the last definition of that name above the change: the one the change is in
-            above = [int(n) for n in _GREP_LINE.findall(found) if int(n) <= h.first_change]
+            found = yield _tool("bash", command=f"grep -rn --include='*.py' {pattern} *")
+            seen += "\n" + found
+            # the last definition of that name above the change in the hunk's file: the one the change is in
+            above = [n for n in _def_lines(found, h.path) if n <= h.first_change]
             lo = max(above) if above else lo
         # The hunk's own last line always exists (a margin below could pass the end of the file).
-        yield _tool("str_replace_editor", command="view", path=h.path, view_range=[lo, h.start + h.pre_len - 1])
+        seen += "\n" + (
+            yield _tool("str_replace_editor", command="view", path=h.path, view_range=[lo, h.start + h.pre_len - 1])
+        )
     for h in hunks:
         obs = ""
         for old, new in h.edits():
@@ -183,6 +217,24 @@ def demonstration(task: dict[str, Any]) -> Generator[Call, str, None]:
             raise EngineError(f"swe_demonstrator: the editor refused the gold edit of {h.path}: {obs[:300]}")
     yield _tool("bash", command=_pytest(f2p[:MAX_CHECKED_TESTS]))
     yield _tool("submit")
+
+
+def unshown_steps(task: dict[str, Any], calls: list[Call], observations: list[str]) -> list[str]:
+    """The names and paths in a demonstration's grep and view calls that nothing shown before them contained
+    (the issue, earlier observations): the steps a policy imitating it would have to guess. ``calls[i]`` was
+    answered by ``observations[i]``."""
+    seen = str(task.get("problem_statement", ""))
+    out: list[str] = []
+    for call, obs in zip(calls, observations, strict=False):
+        args = call.get("arguments", {})
+        command = str(args.get("command", ""))
+        if call.get("name") == "bash" and (m := re.search(r"def (\w+)\(", command)) is not None:
+            out += [m.group(1)] if not _mentions(seen, m.group(1)) else []
+        elif call.get("name") == "str_replace_editor" and command == "view":
+            path = str(args.get("path", ""))
+            out += [path] if path not in seen else []
+        seen += "\n" + obs
+    return out
 
 
 def conversation_after_issue(prompt_text: str) -> tuple[str, list[str]]:

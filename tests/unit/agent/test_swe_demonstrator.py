@@ -10,7 +10,7 @@ from agent_fakes import CharChatMLTokenizer, ScriptedEnv
 
 from agent.engines.protocols import EngineError
 from agent.engines.registry import make_demonstrator
-from agent.engines.swe_demonstrator import next_call, parse_patch
+from agent.engines.swe_demonstrator import next_call, parse_patch, unshown_steps
 from agent.loop import AgentConfig, run_episode
 
 TOK = CharChatMLTokenizer()
@@ -55,25 +55,55 @@ def test_a_patch_becomes_hunks_with_short_and_full_edits() -> None:
         parse_patch("diff --git a/n.py b/n.py\nnew file mode 100644\n")
 
 
-def test_the_script_reproduces_locates_fixes_checks_and_submits() -> None:
-    calls = []
+GREP = "pkg/m.py:9:def f(x):\npkg/m.py:40:    def f(y):\ntests/test_m.py:3:def f(z):"
+TRACEBACK = "pkg/m.py:12: in f\n    if x < 0:\nE   TypeError\n1 failed"
+
+
+def _script(t: dict[str, Any], answers: list[str | None]) -> list[dict[str, Any]]:
+    calls: list[dict[str, Any]] = []
     observations: list[str] = []
-    # grep finds two definitions of f: the one above the change (line 9) is the one it is in
-    grep = "9:def f(x):\n40:    def f(y):"
-    for obs in ["1 failed", grep, "Here is pkg/m.py", "The file pkg/m.py was edited. Lines ...", "2 passed", None]:
-        calls.append(next_call(task(), observations))
+    for obs in answers:
+        calls.append(next_call(t, observations))
         if obs is not None:
             observations.append(obs)
+    return calls
+
+
+def test_the_script_reproduces_locates_fixes_checks_and_submits() -> None:
+    # the traceback names f: grep its definition at once; grep finds three, the one in the hunk's file above the
+    # change (line 9) is the one it is in
+    calls = _script(
+        task(), [TRACEBACK, GREP, "Here is pkg/m.py", "The file pkg/m.py was edited. Lines ...", "2 passed", None]
+    )
     names = [(c["name"], c["arguments"].get("command", "")) for c in calls]
     assert names[0] == ("bash", "python -m pytest -q --tb=short tests/test_m.py::test_f")
-    assert names[1] == ("bash", "grep -n 'def f(' pkg/m.py")  # the hunk header names the function
+    assert names[1] == ("bash", "grep -rn --include='*.py' 'def f(' *")  # the hunk header names the function
     assert names[2:4] == [("str_replace_editor", "view"), ("str_replace_editor", "str_replace")]
     assert calls[2]["arguments"] == {"command": "view", "path": "pkg/m.py", "view_range": [9, 16]}
     assert names[4][1].endswith("tests/test_m.py::test_f tests/test_m.py::test_g") and names[5] == ("submit", "")
-    # a grep that finds nothing (or a header without a function) views from a few lines above the hunk
-    assert next_call(task(), ["1 failed", ""])["arguments"]["view_range"] == [6, 16]
+    # a grep that finds nothing in the hunk's file (or a header without a function) views a few lines above it
+    assert next_call(task(), [TRACEBACK, "tests/test_m.py:3:def f(z):"])["arguments"]["view_range"] == [6, 16]
     bare = task(patch=PATCH.replace(" def f(x):", ""))
     assert next_call(bare, ["1 failed"])["arguments"] == {"command": "view", "path": "pkg/m.py", "view_range": [6, 16]}
+
+
+def test_a_traceback_without_the_function_shows_the_test_source_first_and_every_step_is_copied() -> None:
+    wrong = "E   assert 3 == 2\n1 failed"  # a wrong result: the traceback names only the test
+    source = "7:def test_f():\n8-    assert f(-1) == 2"
+    calls = _script(
+        task(), [wrong, source, GREP, "Here is pkg/m.py", "The file pkg/m.py was edited.", "2 passed", None]
+    )
+    assert calls[1]["arguments"]["command"] == "grep -n -A 12 'def test_f(' tests/test_m.py"
+    assert calls[2]["arguments"]["command"] == "grep -rn --include='*.py' 'def f(' *"
+    assert calls[3]["arguments"]["path"] == "pkg/m.py" and [c["name"] for c in calls][-1] == "submit"
+    observations = [wrong, source, GREP, "Here is pkg/m.py", "The file pkg/m.py was edited.", "2 passed"]
+    assert unshown_steps(task(), calls, observations) == []  # f shown by the test, pkg/m.py by grep
+    # a test that calls f only through another function: the grep for f is a step nothing showed
+    hidden = ["1 failed", "7:def test_f():\n8-    assert g(-1) == 2", GREP, "Here is", "The file pkg/m.py was edited."]
+    assert unshown_steps(task(), _script(task(), hidden), hidden) == ["f"]
+    # a parametrized test in a class: the grep names the bare test function in its file
+    param = task(FAIL_TO_PASS=["tests/test_m.py::TestF::test_f[neg-1]"])
+    assert next_call(param, [wrong])["arguments"]["command"] == "grep -n -A 12 'def test_f(' tests/test_m.py"
 
 
 def test_the_function_grepped_is_the_one_the_bug_is_in() -> None:
@@ -82,13 +112,13 @@ def test_the_function_grepped_is_the_one_the_bug_is_in() -> None:
     inner = PATCH.replace("     b = 2\n", "     def g(y):\n")
     assert parse_patch(inner)[0].function == "g" and parse_patch(PATCH)[0].function == "f"
     assert parse_patch(PATCH.replace(" def f(x):", ""))[0].function is None
-    assert next_call(task(patch=inner), ["1 failed"])["arguments"]["command"] == "grep -n 'def g(' pkg/m.py"
+    assert next_call(task(patch=inner), ["in g"])["arguments"]["command"] == "grep -rn --include='*.py' 'def g(' *"
     named = task(sao_mutation={"function": "Box.area"})
-    assert next_call(named, ["1 failed"])["arguments"]["command"] == "grep -n 'def area(' pkg/m.py"
+    assert next_call(named, ["in area"])["arguments"]["command"] == "grep -rn --include='*.py' 'def area(' *"
 
 
 def test_a_refused_short_edit_is_retried_longer_then_with_the_whole_hunk_then_gives_up() -> None:
-    obs = ["1 failed", "9:def f(x):", "Here is", "No replacement: old_str appears 2 times"]
+    obs = [TRACEBACK, GREP, "Here is", "No replacement: old_str appears 2 times"]
     assert next_call(task(), obs[:3])["arguments"]["old_str"] == "if x < 0:"
     assert next_call(task(), obs)["arguments"]["old_str"] == "\n    if x < 0:\n        return a"
     retry = next_call(task(), [*obs, "No replacement: again"])
@@ -103,6 +133,7 @@ async def test_episodes_through_the_loop_are_tool_calls_for_the_prompts_task() -
     prompt = "<issue>\n`test_f` fails in demo\n</issue>\n\nThe repository is checked out at /testbed."
     steps = [("1 failed", 0.0, False, False, {"role": "tool"})] * 5 + [("Submitted.", 1.0, True, False, {})]
     env = ScriptedEnv(steps, task=prompt)
+    env.steps[0] = ("pkg/m.py:12: in f\n1 failed", 0.0, False, False, {"role": "tool"})  # names f: no test source
     env.steps[3] = ("The file pkg/m.py was edited. Lines 12-13 now read: ...", 0.0, False, False, {})
     traj = await run_episode(env, engine, TOK, AgentConfig(max_context_tokens=8192, max_action_tokens=400))
     calls = [json.loads(a.removeprefix("<tool_call>").removesuffix("</tool_call>")) for a in env.actions]
