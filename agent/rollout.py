@@ -419,11 +419,15 @@ class _progress(contextlib.AbstractAsyncContextManager["_Advance"]):
     def _work(self) -> None:
         # Episodes in flight share the engine, so their turns end in waves: a rate read before the first wave is
         # over (one turn per episode in flight) is noise, and no ETA is better than a wild one.
-        if not self.total or self.turns < min(self.concurrency, self.total):
+        if not self.total:
+            return
+        if self.turns < min(self.concurrency, self.total):
+            self.bar.set_work(0.0, 1.0)  # no rate yet: the line shows '?', not an ETA read off one early episode
             return
         per_episode = self.finished_turns / self.n if self.n and self.finished_turns else self.max_turns
         if per_episode:
-            self.bar.set_work(self.turns, max(self.total * per_episode, self.turns))
+            # every episode not yet finished has at least one turn to go (the first to finish are the short ones)
+            self.bar.set_work(self.turns, max(self.total * per_episode, self.turns + self.total - self.n))
 
     async def __aexit__(self, *exc: object) -> None:
         if self.enabled:

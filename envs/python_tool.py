@@ -36,6 +36,8 @@ from envs.base import Grade, ToolEnv
 from envs.protocols import Tool
 from envs.tools.python import PythonTool
 from envs.tools.submit import SubmitTool
+from sandboxes.config import SandboxConfig
+from sandboxes.factory import sandbox_config_from_dict
 from sandboxes.protocols import Sandbox, SandboxError
 
 SYSTEM_PROMPT = (
@@ -112,8 +114,14 @@ class PythonToolEnv(ToolEnv):
         super().__init__(max_steps=max_steps, max_wall_s=max_wall_s, max_format_errors=max_format_errors)
         self.dataset, self.n_generated = dataset, n_generated
         self.code_timeout, self.max_output = code_timeout, max_output
-        self._sandbox_cfg = sandbox
         self._factory = sandbox_factory
+        # The config its sandboxes are made from (None with a factory): default bwrap; preflight checks its backend.
+        self.sandbox_cfg: SandboxConfig | None = None
+        if sandbox_factory is None:
+            self.sandbox_cfg = (
+                sandbox if isinstance(sandbox, SandboxConfig)
+                else sandbox_config_from_dict({"backend": "bwrap", **(sandbox or {})})
+            )  # fmt: skip
         self._tasks: list[dict[str, Any]] | None = None
         self._sandbox: Sandbox | None = None
         self._task: dict[str, str] = {}
@@ -161,16 +169,10 @@ class PythonToolEnv(ToolEnv):
         if self._factory is not None:
             made = self._factory()
         else:
-            from sandboxes.config import SandboxConfig
-            from sandboxes.factory import sandbox_config_from_dict
             from sandboxes.pool import acquire_sandbox
 
-            cfg = self._sandbox_cfg
-            if cfg is None:
-                cfg = SandboxConfig(backend="bwrap")
-            elif isinstance(cfg, dict):
-                cfg = sandbox_config_from_dict({"backend": "bwrap", **cfg})
-            made = acquire_sandbox(cfg)
+            assert self.sandbox_cfg is not None
+            made = acquire_sandbox(self.sandbox_cfg)
         if inspect.isawaitable(made):
             made = await made
         return made  # type: ignore[no-any-return]

@@ -18,6 +18,10 @@ from typing import Any
 
 import gymnasium
 
+from sandboxes.backend import check_backend
+from sandboxes.config import SandboxConfig
+from sandboxes.protocols import SandboxUnavailableError
+
 NAMESPACE = "sao"
 PLUGIN_GROUP = "sao.envs"
 BUILTIN = "sao"
@@ -127,7 +131,8 @@ def env_origin(env_id: str) -> str:
 
 def preflight(env_id: str, kwargs: dict[str, Any] | None = None) -> None:
     """Make the env once and close it, before any episode: a bad id or bad kwargs fail now, with the env's own
-    error in the message, instead of as one infra error per episode later."""
+    error in the message, instead of as one infra error per episode later. An env with a ``sandbox_cfg`` (a
+    ``SandboxConfig``) has its backend checked too: a stopped Docker daemon fails here, not as n infra errors."""
     load_plugin_envs()
     name = resolve_env_id(env_id)
     if gymnasium.registry.get(name) is None:
@@ -146,7 +151,15 @@ def preflight(env_id: str, kwargs: dict[str, Any] | None = None) -> None:
             f"env {name!r} cannot be made with kwargs {kwargs or {}}: {type(own).__name__}: {own}; fix env.kwargs "
             "(the env's constructor raised this)"
         ) from e
-    env.close()
+    try:
+        cfg = getattr(env.unwrapped, "sandbox_cfg", None)
+        if isinstance(cfg, SandboxConfig):
+            try:
+                check_backend(cfg)
+            except SandboxUnavailableError as e:
+                raise EnvSetupError(f"env {name!r} cannot reach its sandbox backend: {e}") from e
+    finally:
+        env.close()
 
 
 def _register_builtins() -> None:

@@ -18,4 +18,17 @@ async def make_sandbox(cfg: SandboxConfig) -> Sandbox:
     return await BwrapSandbox.create(cfg)
 
 
-__all__ = ["make_sandbox"]
+def check_backend(cfg: SandboxConfig) -> None:
+    """Raise ``SandboxUnavailableError`` (saying how to fix it) unless ``cfg.backend`` answers now: the Docker daemon
+    replies, or the bwrap binary is installed. Blocking; a run calls it once before its first episode."""
+    if cfg.backend == "docker":
+        from sandboxes.docker import get_client
+
+        get_client(cfg.docker_host)
+    else:
+        from sandboxes.bwrap import bwrap_path
+
+        bwrap_path()
+
+
+__all__ = ["check_backend", "make_sandbox"]

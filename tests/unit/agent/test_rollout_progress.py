@@ -55,3 +55,25 @@ async def test_eta_is_timed_by_turns_while_every_episode_is_in_flight(monkeypatc
     # finished episodes took 2 turns each: the expected total is 64, all done
     assert prog.bar.done == 32 and prog.bar.eta_s() == pytest.approx(0.0)
     await prog.__aexit__(None, None, None)
+
+
+async def test_an_episode_that_ends_during_the_first_wave_gives_no_eta(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Seen in the main job's eval (64 at once): ``episodes 1/64 1:11<1:14:51`` for a stage that took 3 min; the
+    episode count's rate is no better than the turns' before the first wave of turns is over."""
+    import saocore.console as console
+    from agent.rollout import _progress
+
+    clock = [100.0]
+    monkeypatch.setattr(console.time, "monotonic", lambda: clock[0])
+    prog = _progress(True, 64, max_turns=3, concurrency=64)
+    advance = await prog.__aenter__()
+    clock[0] += 71.0
+    for _ in range(4):
+        advance.turn()
+    advance(Trajectory("early", "env", (), 0.0, "ok", {"turns": 1}))
+    assert prog.bar.done == 1 and prog.bar.eta_s() is None and "<?" in prog.bar.render()
+    for _ in range(60):  # the first wave done (64 turns): now the turns give the rate
+        advance.turn()
+    # the one finished episode took 1 turn, but each of the 63 in flight has at least one more: 63 turns at 64 / 71 s
+    assert prog.bar.eta_s() == pytest.approx(63 * 71.0 / 64)
+    await prog.__aexit__(None, None, None)

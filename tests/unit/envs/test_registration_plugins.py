@@ -73,6 +73,18 @@ def test_preflight_makes_the_env_once() -> None:
         preflight("sao/TokenGame-v0", {"turns": 0})  # a ValueError raised by the constructor itself
 
 
+def test_preflight_fails_on_a_sandbox_backend_that_does_not_answer(tmp_path: Path) -> None:
+    """A stopped Docker daemon fails the run before its first episode with the fix in the message (measured: a main
+    job whose daemon had stopped played 64 collect episodes as infra errors, then failed in SFT)."""
+    from envs.registration import EnvSetupError, preflight
+
+    dead = {"backend": "docker", "docker_host": f"unix://{tmp_path}/no-daemon.sock"}
+    with pytest.raises(EnvSetupError, match=r"cannot reach its sandbox backend: the Docker daemon .*start dockerd"):
+        preflight("sao/PythonTool-v0", {"sandbox": dead})
+    with pytest.raises(EnvSetupError, match="cannot reach its sandbox backend: the Docker daemon"):
+        preflight("sao/SWE-v0", {"tasks": [], "sandbox": dead})
+
+
 def test_register_env_doc_config_loads(tmp_path: Path) -> None:
     import re
 
