@@ -3,7 +3,7 @@
 One staged run makes the shared start: ``collect`` (the solver's demonstrations in Docker sandboxes), ``sft`` and
 ``eval`` of the SFT checkpoint on the held-out tasks (``OUT/shared``, the quickstart's stages). Then each arm is a
 staged run ``[train, eval]`` from that SAME SFT checkpoint (``OUT/arms/NAME``) with the same number of trajectories
-(``run.total_steps x trainer.batch_size``) and the same held-out tasks (``eval.seed``, ``eval.n``, ``run.seed``),
+(``run.total_steps x trainer.batch_size``) and the same held-out tasks (``eval.seed``, ``eval.n``),
 each in a spawned process (two SmolLM2 runs in one process were OOM-killed, see bench_throughput). Finished stages
 are skipped on a re-run (``done.json``), so an interrupted bench continues where it stopped.
 
@@ -82,7 +82,7 @@ def build_configs(cc: ConfirmConfig) -> tuple[dict[str, Any], dict[str, dict[str
     sft_actor = cc.out / "shared" / f"{SHARED_STAGES.index('sft'):02d}_sft" / "final" / "actor"
     if cc.from_run is not None:
         given = _finished_run_config(cc.from_run)
-        base = deep_update(base, {"run": {"seed": given["run"]["seed"]}})  # the held-out tasks depend on it
+        base = deep_update(base, {"run": {"seed": given["run"]["seed"]}})  # the arms train with the run's seed
         for key in ("n", "seed", "temperature"):
             mine, theirs = given["eval"].get(key), base["eval"].get(key)
             if mine != theirs:
