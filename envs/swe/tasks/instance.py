@@ -77,6 +77,25 @@ def problem_statement(package: str, f2p: list[str], excerpts: list[tuple[str, li
     return "\n".join(lines).rstrip() + "\n"
 
 
+def with_location_hint(record: dict[str, Any]) -> dict[str, Any]:
+    """A copy of one of our offline records whose problem statement also names where the failure comes from: the
+    function holding the bug and its file (``sao_mutation``), as a report with a traceback into the library or a
+    maintainer's first comment would. Never the bug's line nor its fix. An easier task: the agent still has to
+    read the function, find the wrong line and rewrite it, but no longer has to guess which function to open."""
+    iid = record["instance_id"]
+    meta = record.get("sao_mutation")
+    if not meta or not meta.get("function") or not meta.get("path"):
+        raise ValueError(
+            f"task {iid!r} is not an offline SAO task naming its function (sao_mutation.function/path); a location "
+            "hint needs one: turn the task set's `localized` off for it"
+        )
+    qualified = str(meta["function"])
+    name = qualified.rsplit(".", 1)[-1]
+    where = f"`{name}` (`{qualified}`)" if qualified != name else f"`{name}`"
+    hint = f"The failure traces back to the function {where} in `{meta['path']}`."
+    return {**record, "problem_statement": record["problem_statement"].rstrip() + "\n\n" + hint + "\n"}
+
+
 def _as_list(value: Any, field: str, iid: str) -> list[str]:
     if isinstance(value, str):
         try:

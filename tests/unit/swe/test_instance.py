@@ -136,3 +136,16 @@ def test_official_instances_get_the_published_image_name() -> None:
     del rec["image"]
     assert with_official_image(rec)["image"] == "swebench/sweb.eval.x86_64.django_1776_django-11099:latest"
     assert with_official_image(record())["image"] == "sao-swe-demo:1.0-bug-000"
+
+
+def test_a_location_hint_names_function_and_file_but_never_the_fix() -> None:
+    from envs.swe.tasks.instance import with_location_hint
+
+    mutation = {"path": "demo/core.py", "function": "Box.scale", "operator": "comparison_flip"}
+    rec = {"instance_id": "a", "problem_statement": "`test_a` fails in demo\n", "patch": "-x < 0\n+x <= 0\n",
+           "sao_mutation": mutation}  # fmt: skip
+    text = with_location_hint(rec)["problem_statement"]
+    assert text.startswith("`test_a` fails in demo\n\n")
+    assert "`scale` (`Box.scale`) in `demo/core.py`" in text and "x < 0" not in text and "comparison" not in text
+    with pytest.raises(ValueError, match="not an offline SAO task naming its function"):
+        with_location_hint({"instance_id": "b", "problem_statement": "x"})

@@ -25,7 +25,8 @@ def test_unknown_sets_and_splits_are_named_before_any_build() -> None:
 
 def test_splits_by_file_never_share_a_file_and_keep_only_the_sets_operators(monkeypatch: pytest.MonkeyPatch) -> None:
     def rec(i: int, path: str, op: str) -> dict[str, Any]:
-        return {"instance_id": f"t{i}", "sao_mutation": {"path": path, "operator": op}}
+        mutation = {"path": path, "operator": op}
+        return {"instance_id": f"t{i}", "problem_statement": f"issue {i}", "sao_mutation": mutation}
 
     built = [rec(0, "a.py", "off_by_one"), rec(1, "b.py", "off_by_one"), rec(2, "a.py", "wrong_return"),
              rec(3, "c.py", "wrong_return")]  # fmt: skip
@@ -59,3 +60,21 @@ def test_a_split_by_function_holds_out_a_fixed_share_of_functions_and_every_bug_
     assert all(ts.held_out({**m, "operator": "x"}) for m in held)
     assert offline.TaskSet(("x==1",), 4, held_out_paths=("p1.py",)).held_out({"path": "p1.py", "function": "g"})
     assert not offline.TaskSet(("x==1",), 4).held_out(fns[0])
+
+
+def test_a_localized_set_names_each_bugs_function_and_drops_repeated_issues(monkeypatch: pytest.MonkeyPatch) -> None:
+    def rec(i: int, fn: str, statement: str) -> dict[str, Any]:
+        mutation = {"path": "pkg/m.py", "function": fn, "operator": "off_by_one"}
+        return {"instance_id": f"t{i}", "problem_statement": statement, "sao_mutation": mutation}
+
+    # t0 and t1 fail alike (one statement) in two functions; t2 repeats t0's function and statement
+    built = [rec(0, "C.f", "`test_x` fails\n"), rec(1, "g", "`test_x` fails\n"), rec(2, "C.f", "`test_x` fails\n")]
+    monkeypatch.setattr(offline, "ensure_offline_tasks", lambda *a, **k: built)
+    monkeypatch.setitem(offline.TASK_SETS, "loc", offline.TaskSet(("x==1",), 4, localized=True))
+    monkeypatch.setitem(offline.TASK_SETS, "raw", offline.TaskSet(("x==1",), 4))
+    loc = offline.task_set("loc")
+    assert [r["instance_id"] for r in loc] == ["t0", "t1"]  # t2's issue, hint included, is t0's
+    assert loc[0]["problem_statement"].endswith("the function `f` (`C.f`) in `pkg/m.py`.\n")
+    assert loc[1]["problem_statement"].endswith("the function `g` in `pkg/m.py`.\n")
+    assert built[0]["problem_statement"] == "`test_x` fails\n"  # the cached records are not changed
+    assert [r["instance_id"] for r in offline.task_set("raw")] == ["t0"]  # without the hint all three read alike
