@@ -127,3 +127,19 @@ def test_a_finished_main_job_run_is_the_shared_start_and_its_seed_and_eval_are_k
         build_configs(_cc(tmp_path, from_run=run))
     with pytest.raises(FileNotFoundError, match="no finished staged run"):
         build_configs(_cc(tmp_path, from_run=tmp_path / "nowhere"))
+
+
+def test_the_swe_comparison_gives_grpo_whole_groups_of_one_task_and_the_sao_budget(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(ROOT)
+    cc = ConfirmConfig(out=tmp_path / "c", config=ROOT / "configs" / "bench" / "confirm_swe.yaml")
+    shared, arms = build_configs(cc)
+    assert list(arms) == ["sao", "grpo"] and shared["env"]["id"] == "sao/SWE-v0"
+    sao, grpo = arms["sao"], arms["grpo"]
+    assert sao["stages"] == ["pretrain_value", "train", "eval"] and grpo["stages"] == ["train", "eval"]
+    assert grpo["trainer"]["group_size"] == grpo["trainer"]["batch_size"] == 4  # one task, 4 rollouts, per batch
+    assert grpo["trainer"]["critic_warmup_steps"] == 0 and sao["trainer"]["critic_warmup_steps"] == 2
+    for cfg in arms.values():
+        assert cfg["run"]["total_steps"] * cfg["trainer"]["batch_size"] == 16
+        assert cfg["eval"] == shared["eval"] and cfg["env"] == shared["env"]
