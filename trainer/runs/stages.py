@@ -30,6 +30,7 @@ import gc
 import json
 import math
 import os
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -126,9 +127,18 @@ def collect_stage(cfg: Config, model_dir: str, out: Path) -> dict[str, Any]:
     }
 
 
-def episode_scores(trajs: list[Trajectory], tokenizer: Any) -> dict[str, Any]:
+def patched_files(patch: str) -> set[str]:
+    """The files a unified diff changes (``diff --git a/X b/X`` headers)."""
+    return set(re.findall(r"^diff --git a/\S+ b/(\S+)$", patch or "", re.MULTILINE))
+
+
+def episode_scores(
+    trajs: list[Trajectory], tokenizer: Any, tasks: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
     """Success rate, valid tool-call rate (episodes with at least one action that parses as a call of one of
-    the env's tools), mean turns, over the episodes that were not infra errors."""
+    the env's tools), mean turns, tokens per episode and the observations' share of them, truncated episodes,
+    over the episodes that were not infra errors. With SWE-style ``tasks`` (a gold ``patch``) also the share of
+    episodes whose graded patch (``info["report"]["model_patch"]``) changed a file the gold patch changes."""
     from envs.protocols import FormatError
     from envs.python_tool import PythonToolEnv
     from envs.tools.parsing import parse_action
@@ -148,7 +158,8 @@ def episode_scores(trajs: list[Trajectory], tokenizer: Any) -> dict[str, Any]:
                 valid += 1
                 break
     n = max(len(ok), 1)
-    return {
+    obs = sum(len(seg.token_ids) for t in ok for seg in t.segments if seg.kind == "observation")
+    out: dict[str, Any] = {
         "episodes": len(ok),
         "infra_errors": len(trajs) - len(ok),
         "success": sum(bool(t.info.get("solved")) for t in ok) / n,
@@ -157,7 +168,23 @@ def episode_scores(trajs: list[Trajectory], tokenizer: Any) -> dict[str, Any]:
         # cut by the env's wall-clock limit: on a loaded machine this scores correct work 0, so tables show it
         "time_limited": sum(t.info.get("truncation_reason") == "time_limit" for t in ok),
         "solved_by_task": {t.task_id: int(bool(t.info.get("solved"))) for t in ok},
+        "truncated": sum(t.status == "truncated" for t in ok),
+        "tokens_per_episode": sum(t.num_tokens for t in ok) / n,
+        "observation_share": obs / max(sum(t.num_tokens for t in ok), 1),
     }
+    gold = {
+        str(t.get("instance_id")): patched_files(str(t["patch"]))
+        for t in tasks or []
+        if isinstance(t, dict) and t.get("patch")
+    }
+    if gold:
+        graded = [t for t in ok if t.task_id in gold]
+        edited = sum(
+            bool(gold[t.task_id] & patched_files(str((t.info.get("report") or {}).get("model_patch") or "")))
+            for t in graded
+        )
+        out["edited_bug_file_rate"] = edited / max(len(graded), 1)
+    return out
 
 
 def _stage_engine(cfg: Config, tokenizer: Any, model_dir: str, out: Path) -> Engine:
@@ -186,11 +213,12 @@ def eval_stage(cfg: Config, model_dir: str, out: Path) -> dict[str, Any]:
     tok = load_tokenizer(cfg)
     t0 = time.perf_counter()
     engine = _stage_engine(cfg, tok, model_dir, out)
+    tasks = held_out_tasks(cfg)
     trajs = asyncio.run(
-        _rollouts(cfg, engine, tok, held_out_tasks(cfg), out / "trajectories.jsonl", cfg.eval.concurrency,
+        _rollouts(cfg, engine, tok, tasks, out / "trajectories.jsonl", cfg.eval.concurrency,
                   cfg.eval.temperature, cfg.eval.env_kwargs)
     )  # fmt: skip
-    scores = episode_scores(trajs, tok)
+    scores = episode_scores(trajs, tok, tasks)
     scores["model"], scores["wall_s"] = model_dir, time.perf_counter() - t0
     return scores
 
@@ -432,17 +460,23 @@ def _fmt(v: Any) -> str:
 
 
 def score_table(results: list[dict[str, Any]]) -> str:
-    """The evals as a Markdown table (success with its binomial standard error)."""
+    """The evals as a Markdown table (success with its binomial standard error; an SWE eval's rate of episodes
+    that edited the bug's file, when its summary has one)."""
+    swe = any("edited_bug_file_rate" in r for r in results)
     lines = [
-        "| model | held-out episodes | success | valid tool-call rate | mean turns | cut by time limit |",
-        "|---|---|---|---|---|---|",
+        "| model | held-out episodes | success | valid tool-call rate | mean turns | tokens/episode | observation "
+        "share | truncated | cut by time limit |" + (" edited the bug's file |" if swe else ""),
+        "|---|---|---|---|---|---|---|---|---|" + ("---|" if swe else ""),
     ]
     for r in results:
         n, p = max(int(r["episodes"]), 1), float(r["success"])
         se = (p * (1 - p) / n) ** 0.5
+        tokens = f"{r['tokens_per_episode']:.0f}" if "tokens_per_episode" in r else "-"
+        share = f"{r['observation_share']:.3f}" if "observation_share" in r else "-"
         lines.append(
             f"| {r['label']} | {r['episodes']} | {p:.3f} ± {se:.3f} | {r['valid_tool_call_rate']:.3f} | "
-            f"{r['mean_turns']:.2f} | {r.get('time_limited', 0)} |"
+            f"{r['mean_turns']:.2f} | {tokens} | {share} | {r.get('truncated', '-')} | {r.get('time_limited', 0)} |"
+            + (f" {r['edited_bug_file_rate']:.3f} |" if "edited_bug_file_rate" in r else (" - |" if swe else ""))
         )
     return "\n".join(lines)
 

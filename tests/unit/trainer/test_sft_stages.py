@@ -45,6 +45,34 @@ def test_episode_scores_count_valid_tool_calls_success_and_turns(smollm2_dir: Pa
     assert s["time_limited"] == 1
 
 
+def test_episode_scores_count_tokens_truncation_and_edits_of_the_bugs_file() -> None:
+    from trainer.runs.stages import episode_scores, score_table
+
+    class Tok:
+        def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+            return "no call"
+
+    def diff(path: str) -> str:
+        return f"diff --git a/{path} b/{path}\n--- a/{path}\n+++ b/{path}\n@@ -1 +1 @@\n-x\n+y\n"
+
+    def traj(tid: str, patch: str | None, status: str = "ok") -> Trajectory:
+        segs = (Segment("prompt", (1, 2, 3, 4)), Segment("action", (5, 6), (0.0, 0.0), 0), Segment("observation", (7,)),
+                Segment("action", (8,), (0.0,), 0))  # fmt: skip
+        info = {"turns": 2, "report": {"model_patch": patch}}
+        return Trajectory(tid, "sao/SWE-v0", segs, 0.0, status, info)  # type: ignore[arg-type]
+
+    tasks = [{"instance_id": i, "patch": diff("pkg/core.py")} for i in "abcd"]
+    trajs = [traj("a", diff("pkg/core.py")), traj("b", diff("pkg/other.py")), traj("c", None, "truncated"),
+             traj("d", diff("pkg/core.py"), "infra_error")]  # fmt: skip
+    s = episode_scores(trajs, Tok(), tasks)
+    assert s["episodes"] == 3 and s["truncated"] == 1
+    assert s["tokens_per_episode"] == 8 and s["observation_share"] == pytest.approx(1 / 8)
+    assert s["edited_bug_file_rate"] == pytest.approx(1 / 3)  # a edited pkg/core.py; b another file; c nothing
+    assert "edited_bug_file_rate" not in episode_scores(trajs, Tok())  # no tasks with a patch: not an SWE eval
+    table = score_table([{**s, "label": "after SFT"}])
+    assert "edited the bug's file" in table and "| 8 | 0.125 | 1 | 0 | 0.333 |" in table
+
+
 def test_paired_difference_uses_the_tasks_both_evals_ran() -> None:
     from trainer.runs.stages import paired_difference
 
