@@ -30,7 +30,6 @@ import gc
 import json
 import math
 import os
-import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -128,8 +127,15 @@ def collect_stage(cfg: Config, model_dir: str, out: Path) -> dict[str, Any]:
 
 
 def patched_files(patch: str) -> set[str]:
-    """The files a unified diff changes (``diff --git a/X b/X`` headers)."""
-    return set(re.findall(r"^diff --git a/\S+ b/(\S+)$", patch or "", re.MULTILINE))
+    """The existing files a unified diff changes (swebench's own reading of a patch); none for an empty or
+    unreadable one (a model's patch may be either)."""
+    from swebench.utils import get_modified_files
+    from unidiff.errors import UnidiffParseError
+
+    try:
+        return set(get_modified_files(patch)) if patch else set()
+    except UnidiffParseError:
+        return set()
 
 
 def episode_scores(

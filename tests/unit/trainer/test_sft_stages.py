@@ -46,7 +46,7 @@ def test_episode_scores_count_valid_tool_calls_success_and_turns(smollm2_dir: Pa
 
 
 def test_episode_scores_count_tokens_truncation_and_edits_of_the_bugs_file() -> None:
-    from trainer.runs.stages import episode_scores, score_table
+    from trainer.runs.stages import episode_scores, patched_files, score_table
 
     class Tok:
         def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
@@ -68,6 +68,7 @@ def test_episode_scores_count_tokens_truncation_and_edits_of_the_bugs_file() -> 
     assert s["episodes"] == 3 and s["truncated"] == 1
     assert s["tokens_per_episode"] == 8 and s["observation_share"] == pytest.approx(1 / 8)
     assert s["edited_bug_file_rate"] == pytest.approx(1 / 3)  # a edited pkg/core.py; b another file; c nothing
+    assert patched_files("") == set() and patched_files("--- a/x\n+++ b/x\n@@ -1 +1 @@\n-a\n") == set()  # unreadable
     assert "edited_bug_file_rate" not in episode_scores(trajs, Tok())  # no tasks with a patch: not an SWE eval
     table = score_table([{**s, "label": "after SFT"}])
     assert "edited the bug's file" in table and "| 8 | 0.125 | 1 | 0 | 0.333 |" in table
