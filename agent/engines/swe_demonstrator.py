@@ -12,11 +12,12 @@ decodes the conversation so far and takes the next step of a careful engineer:
    ``sao_mutation`` names it; else the last ``def`` above the change in the hunk, else git's hunk header) and
    ``str_replace_editor view`` the file grep printed, from that definition to the hunk's last line. Each argument
    is copied from an earlier observation (``unshown_steps`` lists those that are not: a function no observation
-   named); a bug in no known function is viewed from a few lines above its hunk;
+   named); a bug in no known function is viewed from a few lines above its hunk. When the issue names the file
+   and the line(s) the bug is on (``instance.with_location_hint`` "line"), it views just those lines instead;
 3. fix: one ``str_replace`` per hunk of the patch, as short as the editor takes: a hunk that rewrites one line
    replaces that line's text without its indentation (an action a small model can copy from the view); else, or
    when the editor refuses that (the text is not unique), the changed lines plus one line of context on each
-   side; then the whole hunk;
+   side; then the whole hunk (after a view of lines it has not shown yet: a refused edit, then a wider view);
 4. check: ``bash`` re-runs the FAIL_TO_PASS tests;
 5. submit.
 
@@ -105,10 +106,44 @@ class Hunk:
             return None
         return old[indent:].rstrip(), new[indent:].rstrip()
 
+    def pre_lines(self, context: int | None) -> tuple[int, int]:
+        """The first and last pre-image line numbers ``texts(context)`` covers; ``context`` 0: the changed lines
+        alone (what ``line_texts`` rewrites)."""
+        kinds = [k for k, _ in self.lines]
+        first = next(i for i, k in enumerate(kinds) if k != " ")
+        last = len(kinds) - 1 - next(i for i, k in enumerate(reversed(kinds)) if k != " ")
+        lo, hi = (0, len(kinds) - 1) if context is None else (max(0, first - context), last + context)
+        numbers, n = [], self.start
+        for i, k in enumerate(kinds):
+            if k != "+":
+                if lo <= i <= hi:
+                    numbers.append(n)
+                n += 1
+        return (min(numbers), max(numbers)) if numbers else (self.first_change, self.first_change)
+
+    def edit_forms(self) -> list[tuple[str, str, tuple[int, int]]]:
+        """The (old_str, new_str, pre-image lines it spans) forms to try, shortest first, without repeats."""
+        forms = [
+            (self.line_texts(), self.pre_lines(0)),
+            (self.texts(context=1), self.pre_lines(1)),
+            (self.texts(context=None), self.pre_lines(None)),
+        ]
+        out: list[tuple[str, str, tuple[int, int]]] = []
+        for texts, span in forms:
+            if texts is not None and all(texts != (o, n) for o, n, _ in out):
+                out.append((*texts, span))
+        return out
+
     def edits(self) -> list[tuple[str, str]]:
         """The (old_str, new_str) forms to try, shortest first, without repeats."""
-        forms = [self.line_texts(), self.texts(context=1), self.texts(context=None)]
-        return [f for i, f in enumerate(forms) if f is not None and f not in forms[:i]]
+        return [(old, new) for old, new, _ in self.edit_forms()]
+
+    def named_in(self, text: str) -> bool:
+        """Whether ``text`` names this hunk's file and the line(s) it rewrites as ``instance.with_location_hint``
+        writes them ("`PATH` ... The bug is on line N." / "lines N-M.")."""
+        first, last = self.pre_lines(0)
+        said = f"The bug is on line {first}." if first == last else f"The bug is on lines {first}-{last}."
+        return f"`{self.path}`" in text and said in text
 
     @property
     def pre_len(self) -> int:
@@ -189,7 +224,16 @@ def demonstration(task: dict[str, Any]) -> Generator[Call, str, None]:
     # the bug's function when the record names it (offline tasks: ``sao_mutation``), else what the hunk shows
     named = str(task.get("sao_mutation", {}).get("function", "")).rsplit(".", 1)[-1]
     shown_test = False
+    views: list[tuple[int, int]] = []
     for h in hunks:
+        if h.named_in(seen):
+            # the issue names the file and the line(s): view just what the first edit form spans (a refused edit
+            # brings a wider view first)
+            a, b = h.edit_forms()[0][2]
+            first, last = h.pre_lines(0)
+            views.append((min(a, first), max(b, last)))
+            seen += "\n" + (yield _tool("str_replace_editor", command="view", path=h.path, view_range=list(views[-1])))
+            continue
         lo = max(1, h.start - VIEW_MARGIN)
         function = named if named and len(hunks) == 1 else h.function
         if function:
@@ -204,12 +248,15 @@ def demonstration(task: dict[str, Any]) -> Generator[Call, str, None]:
             above = [n for n in _def_lines(found, h.path) if n <= h.first_change]
             lo = max(above) if above else lo
         # The hunk's own last line always exists (a margin below could pass the end of the file).
-        seen += "\n" + (
-            yield _tool("str_replace_editor", command="view", path=h.path, view_range=[lo, h.start + h.pre_len - 1])
-        )
-    for h in hunks:
+        views.append((lo, h.start + h.pre_len - 1))
+        seen += "\n" + (yield _tool("str_replace_editor", command="view", path=h.path, view_range=list(views[-1])))
+    for h, (lo, hi) in zip(hunks, views, strict=True):
         obs = ""
-        for old, new in h.edits():
+        for old, new, (a, b) in h.edit_forms():
+            if a < lo or b > hi:
+                # a longer form holds lines the view did not show: view them first (only after a narrow view)
+                lo, hi = min(lo, a), max(hi, b)
+                yield _tool("str_replace_editor", command="view", path=h.path, view_range=[lo, hi])
             obs = yield _tool("str_replace_editor", command="str_replace", path=h.path, old_str=old, new_str=new)
             if _EDITED in obs:
                 break

@@ -77,22 +77,57 @@ def problem_statement(package: str, f2p: list[str], excerpts: list[tuple[str, li
     return "\n".join(lines).rstrip() + "\n"
 
 
-def with_location_hint(record: dict[str, Any]) -> dict[str, Any]:
-    """A copy of one of our offline records whose problem statement also names where the failure comes from: the
-    function holding the bug and its file (``sao_mutation``), as a report with a traceback into the library or a
-    maintainer's first comment would. Never the bug's line nor its fix. An easier task: the agent still has to
-    read the function, find the wrong line and rewrite it, but no longer has to guess which function to open."""
+def changed_lines(patch: str) -> tuple[str, int, int] | None:
+    """(file, first, last): the pre-image lines a one-hunk patch of one file removes or rewrites (1-based,
+    inclusive); None for any other patch (several hunks or files, or a hunk that only adds lines)."""
+    path, hunks, changed = None, 0, []
+    line = 0
+    for text in patch.splitlines():
+        if text.startswith("+++ "):
+            if path is not None:
+                return None
+            path = text[4:].removeprefix("b/")
+        elif text.startswith("--- "):
+            continue
+        elif text.startswith("@@ -"):
+            hunks += 1
+            line = int(text[4:].split(",", 1)[0].split(" ", 1)[0])
+        elif hunks and text[:1] in (" ", ""):
+            line += 1
+        elif hunks and text[:1] == "-":
+            changed.append(line)
+            line += 1
+    if path is None or hunks != 1 or not changed:
+        return None
+    return path, changed[0], changed[-1]
+
+
+HINTS = ("", "function", "line")
+
+
+def with_location_hint(record: dict[str, Any], level: str = "function") -> dict[str, Any]:
+    """A copy of one of our offline records whose problem statement also names where the failure comes from, as a
+    report with a traceback into the library or a maintainer's first comment would: ``level`` "function" names the
+    function holding the bug and its file (``sao_mutation``); "line" names the line(s) the bug is on too (a one-hunk
+    patch; others get the function only). Never the fix. An easier task: with "function" the agent still has to read
+    the function, find the wrong line and rewrite it; with "line" it has to read that line and rewrite it."""
+    if level not in HINTS[1:]:
+        raise ValueError(f"unknown location hint {level!r}; choose one of {', '.join(HINTS[1:])}")
     iid = record["instance_id"]
     meta = record.get("sao_mutation")
     if not meta or not meta.get("function") or not meta.get("path"):
         raise ValueError(
             f"task {iid!r} is not an offline SAO task naming its function (sao_mutation.function/path); a location "
-            "hint needs one: turn the task set's `localized` off for it"
+            "hint needs one: turn the task set's `hint` off for it"
         )
     qualified = str(meta["function"])
     name = qualified.rsplit(".", 1)[-1]
     where = f"`{name}` (`{qualified}`)" if qualified != name else f"`{name}`"
     hint = f"The failure traces back to the function {where} in `{meta['path']}`."
+    span = changed_lines(str(record.get("patch", ""))) if level == "line" else None
+    if span is not None and span[0] == meta["path"]:
+        _, first, last = span
+        hint += f" The bug is on line {first}." if first == last else f" The bug is on lines {first}-{last}."
     return {**record, "problem_statement": record["problem_statement"].rstrip() + "\n\n" + hint + "\n"}
 
 

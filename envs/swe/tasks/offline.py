@@ -23,7 +23,7 @@ from typing import Any
 import envs.swe.tasks.fetch as fetch
 import envs.swe.tasks.images as images
 from envs.swe.tasks.builder import BuildConfig, build_tasks
-from envs.swe.tasks.instance import load_instances, with_location_hint
+from envs.swe.tasks.instance import HINTS, load_instances, with_location_hint
 from envs.swe.tasks.mutations import OPERATORS
 
 # The two fastest suites among the offline sdists measured here (six: ~2 s, toolz: ~5 s for the whole suite).
@@ -125,8 +125,9 @@ class TaskSet:
     ``heldout`` split, so training never sees those files nor their bugs; ``held_out_functions``: the share of the
     other functions (by a fixed hash of path and qualified name) whose bugs are held out too, so training sees the
     files (and their test files) but never those functions nor their bugs; ``operators``: the bug families kept
-    (``mutations.OPERATORS``; narrower for a small model); ``localized``: each problem statement also names the
-    function holding the bug and its file (``instance.with_location_hint``: an easier task for a small model).
+    (``mutations.OPERATORS``; narrower for a small model); ``hint``: what each problem statement also says of where
+    the bug is (``instance.with_location_hint``: "function" names the function and its file, "line" its line too;
+    easier tasks for a small model; "" nothing).
     """
 
     packages: tuple[str, ...]
@@ -135,7 +136,11 @@ class TaskSet:
     min_bugs: int | None = None
     operators: tuple[str, ...] = OPERATORS
     held_out_functions: float = 0.0
-    localized: bool = False
+    hint: str = ""
+
+    def __post_init__(self) -> None:
+        if self.hint not in HINTS:
+            raise ValueError(f"TaskSet hint {self.hint!r}: choose one of {HINTS}")
 
     def held_out(self, mutation: dict[str, Any]) -> bool:
         """Whether the bug described by ``mutation`` (a record's ``sao_mutation``) is in the ``heldout`` split."""
@@ -150,17 +155,18 @@ TASK_SETS: dict[str, TaskSet] = {
     "smoke": TaskSet(DEFAULT_PACKAGES, 2, held_out_paths=("six.py",)),
     # configs/swe_quickstart.yaml (docs/swe_job.md): the families whose fix is a local rewrite of the line that holds
     # the bug (flip a comparison, swap the arguments back, undo an and/or swap or a shifted constant); a third of the
-    # functions of both packages held out; each issue names the function and file the failure comes from. The
-    # families that need code the task never shows (a removed branch, the value a `return None` replaced) are left
-    # out: SmolLM2-135M resolved 0/16 held-out tasks with them in; without the location it resolved 0/23 (it grepped
-    # for functions nothing had named).
+    # functions of both packages held out; each issue names the function, the file and the line the failure comes
+    # from (never the fix). The families that need code the task never shows (a removed branch, the value a
+    # `return None` replaced) are left out: SmolLM2-135M resolved 0/16 held-out tasks with them in; naming no place
+    # it resolved 0/23 (it grepped for functions nothing had named); naming the function 0/34 (it found the function
+    # in 30 of 34 but copied a line that was not the bug's, or none, into its edit).
     "quickstart": TaskSet(
         DEFAULT_PACKAGES,
         80,
         min_bugs=6,
         operators=("comparison_flip", "off_by_one", "swapped_args", "bool_op_swap"),
         held_out_functions=1 / 3,
-        localized=True,
+        hint="line",
     ),
 }
 SPLITS = ("train", "heldout")
@@ -183,7 +189,7 @@ def task_set(name: str, split: str = "train") -> list[dict[str, Any]]:
         raise RuntimeError(
             f"SWE task set {name!r} has no {split} tasks; widen its packages, held_out_paths or held_out_functions"
         )
-    return _unique_issues([with_location_hint(r) if ts.localized else r for r in picked], name)
+    return _unique_issues([with_location_hint(r, ts.hint) if ts.hint else r for r in picked], name)
 
 
 def _unique_issues(records: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:

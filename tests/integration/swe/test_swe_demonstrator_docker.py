@@ -12,12 +12,19 @@ import pytest
 pytestmark = pytest.mark.docker
 
 
+@pytest.mark.parametrize("hint", ["", "line"])
 def test_the_demonstrator_resolves_every_task_with_real_observations(
-    offline_tasks: list[dict[str, Any]], smollm2_dir: Path
+    offline_tasks: list[dict[str, Any]], smollm2_dir: Path, hint: str
 ) -> None:
     from transformers import AutoTokenizer
 
     from agent.engines.registry import make_demonstrator
+    from envs.swe.tasks.instance import with_location_hint
+
+    if hint:  # issues that name the bug's line (the SWE job's task set): viewed there, no grep
+        offline_tasks = [with_location_hint(r, hint) for r in offline_tasks]
+        # a patch that only adds lines (a removed branch) has no line to name: its issue names the function
+        assert any("The bug is on line" in r["problem_statement"] for r in offline_tasks)
     from agent.loop import AgentConfig
     from agent.rollout import EpisodeRunner, RunnerConfig, TokenPlayer, env_factory, episodes_of
 
@@ -37,3 +44,8 @@ def test_the_demonstrator_resolves_every_task_with_real_observations(
         assert "failed" in obs[0] and "passed" in obs[-1]  # the failing test reproduced, then fixed
         assert all(len(o.splitlines()) <= 12 + 4 for o in obs)  # cut to max_obs_lines (+ the template's lines)
     assert any("lines omitted ..." in tok.decode(list(t.token_ids)) for t in got)
+    named = {r["instance_id"] for r in offline_tasks if "The bug is on line" in r["problem_statement"]}
+    for t in got:
+        if t.task_id in named:  # viewed where the issue says, never grepped: test, view, edit, test, submit
+            text = tok.decode(list(t.token_ids))
+            assert "grep -rn" not in text and t.info["turns"] == 5, text[-3000:]

@@ -127,6 +127,33 @@ def test_a_refused_short_edit_is_retried_longer_then_with_the_whole_hunk_then_gi
         next_call(task(), [*obs, "No replacement: again", "No replacement: still"])
 
 
+def test_an_issue_naming_the_line_is_viewed_there_and_a_refused_edit_widens_the_view_first() -> None:
+    hint = "`test_f` fails\n\nThe failure traces back to the function `f` in `pkg/m.py`. The bug is on line 13.\n"
+    named = task(problem_statement=hint)
+    (h,) = parse_patch(PATCH)
+    assert h.pre_lines(0) == (13, 13) and h.pre_lines(1) == (12, 14) and h.pre_lines(None) == (10, 16)
+    assert h.named_in(hint) and not h.named_in(hint.replace("line 13", "line 12"))
+    assert not h.named_in(hint.replace("`pkg/m.py`", "`pkg/n.py`"))
+    answers = ["1 failed", "13\t    if x < 0:", "The file pkg/m.py was edited.", "2 passed", None]
+    calls = _script(named, answers)
+    assert [c["name"] for c in calls] == ["bash", "str_replace_editor", "str_replace_editor", "bash", "submit"]
+    assert calls[1]["arguments"] == {"command": "view", "path": "pkg/m.py", "view_range": [13, 13]}  # no grep
+    assert calls[2]["arguments"]["old_str"] == "if x < 0:" and calls[2]["arguments"]["new_str"] == "if x >= 0:"
+    observations = [a for a in answers if a is not None]
+    assert unshown_steps(named, calls, observations) == []  # the issue shows the path
+    # refused (the line is not unique): a view of the lines the longer form holds, then that form
+    refused = ["1 failed", "13\t    if x < 0:", "No replacement: old_str appears 2 times"]
+    assert next_call(named, refused)["arguments"] == {"command": "view", "path": "pkg/m.py", "view_range": [12, 14]}
+    assert next_call(named, [*refused, "12\t\n..."])["arguments"]["old_str"] == "\n    if x < 0:\n        return a"
+    widest = next_call(named, [*refused, "12\t\n...", "No replacement: again"])
+    assert widest["arguments"]["view_range"] == [10, 16]
+    # two changed lines: "lines A-B", viewed whole (the one-line form does not exist)
+    two = PATCH.replace("+    if x >= 0:\n", "+    if x >= 0:\n-    d = 4\n")
+    two_hint = hint.replace("line 13.", "lines 13-14.")
+    assert parse_patch(two)[0].named_in(two_hint)
+    assert next_call(task(patch=two, problem_statement=two_hint), ["1 failed"])["arguments"]["view_range"] == [12, 15]
+
+
 async def test_episodes_through_the_loop_are_tool_calls_for_the_prompts_task() -> None:
     other = task(instance_id="other", problem_statement="something else\n", patch=PATCH.replace("x < 0", "x < 1"))
     engine = make_demonstrator("swe_demonstrator", TOK, [other, task()])

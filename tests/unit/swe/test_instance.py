@@ -149,3 +149,34 @@ def test_a_location_hint_names_function_and_file_but_never_the_fix() -> None:
     assert "`scale` (`Box.scale`) in `demo/core.py`" in text and "x < 0" not in text and "comparison" not in text
     with pytest.raises(ValueError, match="not an offline SAO task naming its function"):
         with_location_hint({"instance_id": "b", "problem_statement": "x"})
+    with pytest.raises(ValueError, match="unknown location hint 'lines'"):
+        with_location_hint(rec, "lines")
+
+
+PATCH = """diff --git a/demo/core.py b/demo/core.py
+--- a/demo/core.py
++++ b/demo/core.py
+@@ -40,5 +40,5 @@ def scale(self):
+     a = 1
+
+-    if x < 0:
++    if x <= 0:
+         return a
+"""
+
+
+def test_a_line_hint_names_the_line_a_one_hunk_patch_rewrites_and_never_the_fix() -> None:
+    from envs.swe.tasks.instance import changed_lines, with_location_hint
+
+    assert changed_lines(PATCH) == ("demo/core.py", 42, 42)
+    assert changed_lines(PATCH.replace("-    if x < 0:\n", "-    if x < 0:\n-    y = 1\n")) == ("demo/core.py", 42, 43)
+    assert changed_lines(PATCH + PATCH.split("\n", 1)[1]) is None  # two files (or hunks): no single place
+    assert changed_lines(PATCH.replace("-    if x < 0:\n", "")) is None  # only adds lines
+    mutation = {"path": "demo/core.py", "function": "Box.scale", "operator": "comparison_flip"}
+    rec = {"instance_id": "a", "problem_statement": "`test_a` fails\n", "patch": PATCH, "sao_mutation": mutation}
+    text = with_location_hint(rec, "line")["problem_statement"]
+    assert text.endswith("`scale` (`Box.scale`) in `demo/core.py`. The bug is on line 42.\n")
+    assert "x < 0" not in text and "<=" not in text
+    assert "line 42" not in with_location_hint(rec)["problem_statement"]  # "function" names no line
+    other = {**rec, "sao_mutation": {**mutation, "path": "demo/other.py"}}  # a patch elsewhere: no line
+    assert "The bug is on" not in with_location_hint(other, "line")["problem_statement"]

@@ -70,7 +70,7 @@ def test_a_localized_set_names_each_bugs_function_and_drops_repeated_issues(monk
     # t0 and t1 fail alike (one statement) in two functions; t2 repeats t0's function and statement
     built = [rec(0, "C.f", "`test_x` fails\n"), rec(1, "g", "`test_x` fails\n"), rec(2, "C.f", "`test_x` fails\n")]
     monkeypatch.setattr(offline, "ensure_offline_tasks", lambda *a, **k: built)
-    monkeypatch.setitem(offline.TASK_SETS, "loc", offline.TaskSet(("x==1",), 4, localized=True))
+    monkeypatch.setitem(offline.TASK_SETS, "loc", offline.TaskSet(("x==1",), 4, hint="function"))
     monkeypatch.setitem(offline.TASK_SETS, "raw", offline.TaskSet(("x==1",), 4))
     loc = offline.task_set("loc")
     assert [r["instance_id"] for r in loc] == ["t0", "t1"]  # t2's issue, hint included, is t0's
@@ -78,3 +78,5 @@ def test_a_localized_set_names_each_bugs_function_and_drops_repeated_issues(monk
     assert loc[1]["problem_statement"].endswith("the function `g` in `pkg/m.py`.\n")
     assert built[0]["problem_statement"] == "`test_x` fails\n"  # the cached records are not changed
     assert [r["instance_id"] for r in offline.task_set("raw")] == ["t0"]  # without the hint all three read alike
+    with pytest.raises(ValueError, match="TaskSet hint 'lines'"):
+        offline.TaskSet(("x==1",), 4, hint="lines")
