@@ -141,5 +141,5 @@ def test_the_swe_comparison_gives_grpo_whole_groups_of_one_task_and_the_sao_budg
     assert grpo["trainer"]["group_size"] == grpo["trainer"]["batch_size"] == 4  # one task, 4 rollouts, per batch
     assert grpo["trainer"]["critic_warmup_steps"] == 0 and sao["trainer"]["critic_warmup_steps"] == 2
     for cfg in arms.values():
-        assert cfg["run"]["total_steps"] * cfg["trainer"]["batch_size"] == 16
+        assert cfg["run"]["total_steps"] * cfg["trainer"]["batch_size"] == 24
         assert cfg["eval"] == shared["eval"] and cfg["env"] == shared["env"]
