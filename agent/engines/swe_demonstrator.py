@@ -39,6 +39,7 @@ from typing import Any
 from agent.chat import ChatRenderer
 from agent.conversation import action_ids
 from agent.engines.protocols import EngineError, Generation, SamplingParams
+from envs.swe.tasks.instance import line_hint
 
 _ISSUE = re.compile(r"<issue>\n(.*?)\n</issue>", re.DOTALL)
 # ChatML (SmolLM2, Qwen): the templates the SWE job runs with.
@@ -141,9 +142,7 @@ class Hunk:
     def named_in(self, text: str) -> bool:
         """Whether ``text`` names this hunk's file and the line(s) it rewrites as ``instance.with_location_hint``
         writes them ("`PATH` ... The bug is on line N." / "lines N-M.")."""
-        first, last = self.pre_lines(0)
-        said = f"The bug is on line {first}." if first == last else f"The bug is on lines {first}-{last}."
-        return f"`{self.path}`" in text and said in text
+        return f"`{self.path}`" in text and line_hint(*self.pre_lines(0)) in text
 
     @property
     def pre_len(self) -> int:
@@ -227,11 +226,9 @@ def demonstration(task: dict[str, Any]) -> Generator[Call, str, None]:
     views: list[tuple[int, int]] = []
     for h in hunks:
         if h.named_in(seen):
-            # the issue names the file and the line(s): view just what the first edit form spans (a refused edit
-            # brings a wider view first)
-            a, b = h.edit_forms()[0][2]
-            first, last = h.pre_lines(0)
-            views.append((min(a, first), max(b, last)))
+            # the issue names the file and the line(s): view just what the first edit form spans (it holds the
+            # changed lines; a refused edit brings a wider view first)
+            views.append(h.edit_forms()[0][2])
             seen += "\n" + (yield _tool("str_replace_editor", command="view", path=h.path, view_range=list(views[-1])))
             continue
         lo = max(1, h.start - VIEW_MARGIN)

@@ -105,6 +105,11 @@ def changed_lines(patch: str) -> tuple[str, int, int] | None:
 HINTS = ("", "function", "line")
 
 
+def line_hint(first: int, last: int) -> str:
+    """The sentence a "line" hint adds: where the bug is (agents and the SWE demonstrator read it back)."""
+    return f"The bug is on line {first}." if first == last else f"The bug is on lines {first}-{last}."
+
+
 def with_location_hint(record: dict[str, Any], level: str = "function") -> dict[str, Any]:
     """A copy of one of our offline records whose problem statement also names where the failure comes from, as a
     report with a traceback into the library or a maintainer's first comment would: ``level`` "function" names the
@@ -127,7 +132,7 @@ def with_location_hint(record: dict[str, Any], level: str = "function") -> dict[
     span = changed_lines(str(record.get("patch", ""))) if level == "line" else None
     if span is not None and span[0] == meta["path"]:
         _, first, last = span
-        hint += f" The bug is on line {first}." if first == last else f" The bug is on lines {first}-{last}."
+        hint += " " + line_hint(first, last)
     return {**record, "problem_statement": record["problem_statement"].rstrip() + "\n\n" + hint + "\n"}
 
 
