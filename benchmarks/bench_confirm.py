@@ -44,7 +44,9 @@ class ConfirmConfig:
     from_run: Path | None = None
     """A finished `sao train configs/quickstart.yaml` run (its stages collect, sft, eval, pretrain_value, train,
     eval) to take as the shared start (its SFT checkpoint and SFT eval) and as the ``sao`` arm (its own RL and
-    last eval); the other arms start from its SFT checkpoint with its seed. Its held-out eval must match theirs."""
+    last eval); the other arms start from its SFT checkpoint with its seed. Its held-out eval must match theirs.
+    With ``run.seed=N`` in ``overrides`` (another seed than the run's) every arm, sao included, trains from that
+    SFT checkpoint with seed N: RL seeds that share one SFT stage."""
 
 
 def _set_dotted(cfg: dict[str, Any], item: str) -> dict[str, Any]:
@@ -82,7 +84,8 @@ def build_configs(cc: ConfirmConfig) -> tuple[dict[str, Any], dict[str, dict[str
     sft_actor = cc.out / "shared" / f"{SHARED_STAGES.index('sft'):02d}_sft" / "final" / "actor"
     if cc.from_run is not None:
         given = _finished_run_config(cc.from_run)
-        base = deep_update(base, {"run": {"seed": given["run"]["seed"]}})  # the arms train with the run's seed
+        if not _sets_seed(cc.overrides):  # the arms train with the run's seed unless `--set run.seed=N` says
+            base = deep_update(base, {"run": {"seed": given["run"]["seed"]}})
         for key in ("n", "seed", "temperature"):
             mine, theirs = given["eval"].get(key), base["eval"].get(key)
             if mine != theirs:
@@ -103,6 +106,19 @@ def build_configs(cc: ConfirmConfig) -> tuple[dict[str, Any], dict[str, dict[str
         if arm["stages"][-2:] != ["train", "eval"]:
             raise ValueError(f"{cc.config}: arm {name!r} stages {arm['stages']} must end with [train, eval]")
     return shared, arms
+
+
+def _sets_seed(overrides: list[str]) -> bool:
+    return any(item.split("=", 1)[0].strip() == "run.seed" for item in overrides)
+
+
+def reuses_finished_run(cc: ConfirmConfig, name: str, arm: dict[str, Any]) -> bool:
+    """Whether arm ``name`` is the ``--from-run`` run's own RL: the ``sao`` arm at that run's seed. With another
+    seed (``--set run.seed=N``) the sao arm runs its own value pretraining, RL and eval from the same SFT
+    checkpoint: an RL seed that shares the SFT stage."""
+    if cc.from_run is None or name != "sao":
+        return False
+    return bool(arm["run"]["seed"] == _finished_run_config(cc.from_run)["run"]["seed"])
 
 
 def _finished_run_config(run_dir: Path) -> dict[str, Any]:
@@ -314,7 +330,7 @@ def run(cc: ConfirmConfig, echo: Callable[[str], None] = print) -> dict[str, Any
     results, summaries = [], {}
     for name, cfg in arm_cfgs.items():
         run_dir = Path(cfg["run"]["dir"])
-        if given is not None and name == "sao":  # the finished run is SAO's recipe: its own RL is this arm
+        if given is not None and reuses_finished_run(cc, name, cfg):  # the finished run's RL is SAO's recipe
             assert cc.from_run is not None
             summaries[name] = given
             results.append(arm_result(name, given, sft_eval, cc.from_run))

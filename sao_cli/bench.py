@@ -299,7 +299,8 @@ def confirm(
         "",
         "--from-run",
         help="a finished `sao train configs/quickstart.yaml` run: its SFT "
-        "checkpoint and eval are the shared start, its RL the sao arm",
+        "checkpoint and eval are the shared start, its RL the sao arm (with --set run.seed=N, another seed: "
+        "every arm, sao too, trains anew from that SFT checkpoint)",
     ),
 ) -> None:
     """SAO vs GRPO (vs running mean) on SmolLM2-135M from one shared SFT checkpoint, equal trajectory budgets."""

@@ -6,7 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.bench_confirm import ConfirmConfig, arm_result, between_arms, build_configs, table_rows
+from benchmarks.bench_confirm import (
+    ConfirmConfig,
+    arm_result,
+    between_arms,
+    build_configs,
+    reuses_finished_run,
+    table_rows,
+)
 
 ROOT = Path(__file__).resolve().parents[3]
 CONFIG = ROOT / "configs" / "bench" / "confirm_smollm2.yaml"
@@ -117,6 +124,15 @@ def test_a_finished_main_job_run_is_the_shared_start_and_its_seed_and_eval_are_k
         # the held-out tasks depend on run.seed: the arms take the finished run's, and its SFT checkpoint
         assert a["run"]["seed"] == 1 and a["model"]["path"] == str(run / "01_sft" / "final" / "actor")
         assert a["eval"] == shared["eval"]
+    cc = _cc(tmp_path, from_run=run, arms=("sao", "grpo"))
+    _, arms = build_configs(cc)
+    assert reuses_finished_run(cc, "sao", arms["sao"]) and not reuses_finished_run(cc, "grpo", arms["grpo"])
+    # another RL seed from the same SFT checkpoint: every arm, sao included, trains anew with it
+    cc = _cc(tmp_path, from_run=run, arms=("sao", "grpo"), overrides=["run.seed=2"])
+    _, arms = build_configs(cc)
+    for name, a in arms.items():
+        assert a["run"]["seed"] == 2 and a["model"]["path"] == str(run / "01_sft" / "final" / "actor")
+        assert not reuses_finished_run(cc, name, a)
     cfg["eval"]["n"] = 32
     (run / "config.yaml").write_text(yaml.safe_dump(cfg))
     with pytest.raises(ValueError, match=r"its eval\.n is 32, the arms' 64"):
