@@ -385,3 +385,26 @@ def _running_mean_entry(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Te
     adv = inputs.baseline.advantage(outcome)
     inputs.baseline.update(outcome)
     return _broadcast(adv, outcome, inputs.action_mask)
+
+
+def turn_sign_stats(advantages: torch.Tensor, action_mask: torch.Tensor, rewards: torch.Tensor) -> list[float]:
+    """Whether the advantages point the way the outcome does, turn by turn: ``[turns of solved rows with a
+    positive mean advantage, turns of solved rows, turns of failed rows with a negative mean advantage, turns of
+    failed rows]``. A turn is one run of action tokens; a row is solved when its rewards sum above 0. Sums, so a
+    trainer all-reduces them across micro batches and ranks. Low agreement with a critic (worse than a constant)
+    says its advantages push solved turns down and failed turns up."""
+    out = [0.0, 0.0, 0.0, 0.0]
+    mask = action_mask.bool()
+    for adv, m, r in zip(advantages.detach().float(), mask, rewards.detach().float(), strict=True):
+        if not bool(m.any()):
+            continue
+        solved = float(r.sum()) > 0.0
+        idx = torch.nonzero(m).flatten()
+        starts = torch.cat([idx[:1], idx[1:][idx[1:] != idx[:-1] + 1]])
+        ends = torch.cat([idx[:-1][idx[1:] != idx[:-1] + 1], idx[-1:]])
+        for s, e in zip(starts.tolist(), ends.tolist(), strict=True):
+            mean = float(adv[s : e + 1].mean())
+            k = 0 if solved else 2
+            out[k] += float(mean > 0.0 if solved else mean < 0.0)
+            out[k + 1] += 1.0
+    return out

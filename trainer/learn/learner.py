@@ -27,6 +27,7 @@ from trainer.algos.advantages import (
     RunningMeanBaseline,
     advantages_per_row_lambda,
     row_lambdas,
+    turn_sign_stats,
     whiten,
     whiten_stats,
 )
@@ -224,6 +225,13 @@ class Learner:
         if t.normalize_advantages:
             s3 = (stats[0], stats[1], stats[2])
             advs = [whiten(a, b.action_mask, s3, t.advantage_std_floor) for a, b in zip(advs, micro, strict=True)]
+        # the signs the policy gradient sees, per turn, against each episode's outcome
+        signs = [turn_sign_stats(a, b.action_mask, b.rewards) for a, b in zip(advs, micro, strict=True)]
+        pos, solved, neg, failed = dist_utils.all_reduce_sum([sum(p[i] for p in signs) for i in range(4)])
+        if solved:
+            m["adv_pos_turns_solved"] = pos / solved
+        if failed:
+            m["adv_neg_turns_failed"] = neg / failed
         return _Advantages(advs, rets, olds, value_masks)
 
     def _gae(self, b: Batch, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -341,7 +341,7 @@ def train_stage(cfg: Config, model_dir: str, out: Path, train: TrainFn) -> dict[
 def rl_dynamics(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """What says whether the policy steps carried signal: the share of batches whose episodes all earned one
     reward, of policy steps skipped, the critic's explained variance (first / last step), the mean DIS-masked
-    share of action tokens."""
+    share of action tokens, and how often a turn's advantage had its episode's sign (solved: > 0, failed: < 0)."""
 
     def mean(key: str) -> float | None:
         xs = [float(r[key]) for r in rows if isinstance(r.get(key), int | float)]
@@ -357,6 +357,8 @@ def rl_dynamics(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "last_explained_variance": evs[-1] if evs else None,
         "dis_masked_frac": sum(masked) / len(masked) if masked else None,
         "batch_success_mean": mean("success_rate"),
+        "adv_pos_turns_solved": mean("adv_pos_turns_solved"),
+        "adv_neg_turns_failed": mean("adv_neg_turns_failed"),
     }
 
 
@@ -538,7 +540,9 @@ def _dynamics_text(every: list[dict[str, Any]]) -> str:
             out += (f"\n\nRL: {r.get('steps')} policy steps, uniform-reward batches {f(r.get('uniform_batch_frac'))}, "
                     f"skipped steps {f(r.get('skipped_step_frac'))}, critic explained variance "
                     f"{f(r.get('first_explained_variance'))} (first) -> {f(r.get('last_explained_variance'))} (last), "
-                    f"DIS-masked tokens {f(r.get('dis_masked_frac'))}")  # fmt: skip
+                    f"DIS-masked tokens {f(r.get('dis_masked_frac'))}; turns whose advantage has their episode's "
+                    f"sign: solved {f(r.get('adv_pos_turns_solved'))}, failed "
+                    f"{f(r.get('adv_neg_turns_failed'))}")  # fmt: skip
     return out
 
 

@@ -69,6 +69,8 @@ def test_sao_step_moves_actor_and_only_non_attention_critic_params(deepspeed_env
     assert any("mlp" in n for n in critic_changed), "no MoE/MLP critic parameter was trained"
     for key in ("value_loss", "explained_variance", "actor_grad_norm", "critic_grad_norm", "mask_frac_low"):
         assert key in metrics
+    # rewards alternate 0/1: both outcomes are there, and the per-turn sign agreement is a fraction of each
+    assert 0.0 <= metrics["adv_pos_turns_solved"] <= 1.0 and 0.0 <= metrics["adv_neg_turns_failed"] <= 1.0
 
 
 @pytest.mark.parametrize("algorithm", ["grpo", "grpo_dis", "ppo", "running_mean"])

@@ -100,3 +100,20 @@ def test_held_out_set_is_one_set_for_every_seed_and_never_a_training_task() -> N
     assert sets[0] == sets[1] == sets[2]
     other = load_config(root / "configs" / "quickstart.yaml", ["eval.seed=7"])
     assert [t["id"] for t in held_out_tasks(other)] != sets[0]
+
+
+def test_rl_dynamics_averages_the_steps_and_says_which_way_the_turn_advantages_pointed() -> None:
+    from trainer.runs.stages import rl_dynamics
+
+    rows = [
+        {"uniform_reward_batch": 0.0, "explained_variance": -1.5, "mask_frac_low": 0.1, "mask_frac_high": 0.0,
+         "success_rate": 0.5, "adv_pos_turns_solved": 0.25, "adv_neg_turns_failed": 1.0},
+        {"uniform_reward_batch": 1.0, "explained_variance": -0.5, "mask_frac_low": 0.0, "mask_frac_high": 0.3,
+         "success_rate": 0.0, "adv_neg_turns_failed": 0.5, "skipped_steps": 1.0},
+    ]  # fmt: skip
+    d = rl_dynamics(rows)
+    assert d["uniform_batch_frac"] == 0.5 and d["skipped_step_frac"] == 0.5
+    assert (d["first_explained_variance"], d["last_explained_variance"]) == (-1.5, -0.5)
+    assert d["dis_masked_frac"] == pytest.approx(0.2) and d["batch_success_mean"] == 0.25
+    # a step with no solved episode has no solved-turn share: the mean is over the steps that had one
+    assert d["adv_pos_turns_solved"] == 0.25 and d["adv_neg_turns_failed"] == 0.75

@@ -50,3 +50,19 @@ def test_min_std_floor_keeps_near_equal_advantages_small() -> None:
     assert float(free.abs().max()) > 1.0  # unfloored, tiny differences become unit-size
     assert float(floored.abs().max()) < 0.1
     assert torch.allclose(floored * 0.2, adv - adv.mean(), atol=1e-7)
+
+
+def test_turn_signs_count_each_run_of_action_tokens_against_its_rows_outcome() -> None:
+    from trainer.algos.advantages import turn_sign_stats
+
+    # row 0 solved: turns [1,2] (mean +) and [5] (mean -); row 1 failed: turns [0,1] (mean -) and [3,4] (mean +)
+    action = torch.tensor([[0, 1, 1, 0, 0, 1], [1, 1, 0, 1, 1, 0], [0, 0, 0, 0, 0, 0]], dtype=torch.bool)
+    adv = torch.tensor([[9.0, 0.5, 0.1, 9.0, 9.0, -1.0], [-2.0, 1.0, 9.0, 0.5, 0.5, 0.0], [1.0] * 6])
+    rewards = torch.zeros(3, 6)
+    rewards[0, 5] = 1.0
+    rewards[1, 4] = 0.0
+    rewards[2, 0] = 1.0  # a row without action tokens counts nothing
+    assert turn_sign_stats(adv, action, rewards) == [1.0, 2.0, 1.0, 2.0]
+    # every sign the outcome's way
+    adv[0, 5], adv[1, 3:5] = 1.0, -1.0
+    assert turn_sign_stats(adv, action, rewards) == [2.0, 2.0, 2.0, 2.0]
