@@ -144,7 +144,8 @@ def episode_scores(
     """Success rate, valid tool-call rate (episodes with at least one action that parses as a call of one of
     the env's tools), mean turns, tokens per episode and the observations' share of them, truncated episodes,
     over the episodes that were not infra errors. With SWE-style ``tasks`` (a gold ``patch``) also the share of
-    episodes whose graded patch (``info["report"]["model_patch"]``) changed a file the gold patch changes."""
+    episodes whose graded patch (``info["report"]["model_patch"]``) changed a file the gold patch changes, and with
+    injected-bug tasks the resolved / episodes of each bug family (``solved_by_family``)."""
     from envs.protocols import FormatError
     from envs.python_tool import PythonToolEnv
     from envs.tools.parsing import parse_action
@@ -190,7 +191,24 @@ def episode_scores(
             for t in graded
         )
         out["edited_bug_file_rate"] = edited / max(len(graded), 1)
+    family = {str(t.get("instance_id")): bug_family(t) for t in tasks or [] if isinstance(t, dict)}
+    if any(family.values()):
+        by: dict[str, list[int]] = {}
+        for t in ok:
+            if family.get(t.task_id):
+                solved_n = by.setdefault(str(family[t.task_id]), [0, 0])
+                solved_n[0] += int(bool(t.info.get("solved")))
+                solved_n[1] += 1
+        out["solved_by_family"] = dict(sorted(by.items()))
     return out
+
+
+def bug_family(task: dict[str, Any]) -> str | None:
+    """The injected bug's family of an offline SWE task (``sao_mutation.operator``: comparison_flip, swapped_args,
+    ...), None for tasks without one (SWE-bench's own, arithmetic)."""
+    mutation = task.get("sao_mutation")
+    op = mutation.get("operator") if isinstance(mutation, dict) else None
+    return str(op) if op else None
 
 
 def _stage_engine(cfg: Config, tokenizer: Any, model_dir: str, out: Path) -> Engine:
@@ -512,6 +530,12 @@ def _report(
         table += (
             f"\n\nsuccess {results[-1]['label']} - {results[0]['label']}: {mean:+.3f} ± {se:.3f} "
             f"(paired over {n} held-out tasks; {size})"
+        )
+    families = sorted({f for r in results for f in r.get("solved_by_family") or {}})
+    if families:  # resolved / episodes per injected bug family, eval by eval
+        table += "\n\nresolved by bug family: " + "; ".join(
+            f"{f} " + " -> ".join("{}/{}".format(*r["solved_by_family"].get(f, [0, 0])) for r in results)
+            for f in families
         )
     table += _dynamics_text(every)
     text = f"# {run_dir.name}: stages {cfg.stages}\n\n{table}\n\nwall time {wall_s / 60:.1f} min\n"

@@ -72,6 +72,29 @@ def test_episode_scores_count_tokens_truncation_and_edits_of_the_bugs_file() -> 
     assert "edited_bug_file_rate" not in episode_scores(trajs, Tok())  # no tasks with a patch: not an SWE eval
     table = score_table([{**s, "label": "after SFT"}])
     assert "edited the bug's file" in table and "| 8 | 0.125 | 1 | 0 | 0.333 |" in table
+    assert "solved_by_family" not in s  # tasks without an injected bug's family
+
+
+def test_episode_scores_count_resolved_by_bug_family() -> None:
+    from trainer.runs.stages import bug_family, episode_scores
+
+    class Tok:
+        def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+            return "no call"
+
+    def traj(tid: str, solved: bool, status: str = "ok") -> Trajectory:
+        segs = (Segment("prompt", (1,)), Segment("action", (2,), (0.0,), 0))
+        return Trajectory(tid, "sao/SWE-v0", segs, float(solved), status, {"turns": 1, "solved": solved})  # type: ignore[arg-type]
+
+    tasks = [{"instance_id": "a", "sao_mutation": {"operator": "swapped_args"}},
+             {"instance_id": "b", "sao_mutation": {"operator": "swapped_args"}},
+             {"instance_id": "c", "sao_mutation": {"operator": "comparison_flip"}},
+             {"instance_id": "d", "sao_mutation": {"operator": "comparison_flip"}}, {"instance_id": "e"}]  # fmt: skip
+    trajs = [traj("a", True), traj("b", False), traj("c", False), traj("d", True, "infra_error"), traj("e", True)]
+    s = episode_scores(trajs, Tok(), tasks)
+    # an infra error is not an episode of its family; a task with no family is left out of the breakdown
+    assert s["solved_by_family"] == {"comparison_flip": [0, 1], "swapped_args": [1, 2]}
+    assert bug_family({"sao_mutation": {"operator": "off_by_one"}}) == "off_by_one" and bug_family({}) is None
 
 
 def test_paired_difference_uses_the_tasks_both_evals_ran() -> None:
