@@ -393,18 +393,16 @@ def turn_sign_stats(advantages: torch.Tensor, action_mask: torch.Tensor, rewards
     failed rows]``. A turn is one run of action tokens; a row is solved when its rewards sum above 0. Sums, so a
     trainer all-reduces them across micro batches and ranks. Low agreement with a critic (worse than a constant)
     says its advantages push solved turns down and failed turns up."""
-    out = [0.0, 0.0, 0.0, 0.0]
-    mask = action_mask.bool()
-    for adv, m, r in zip(advantages.detach().float(), mask, rewards.detach().float(), strict=True):
-        if not bool(m.any()):
-            continue
-        solved = float(r.sum()) > 0.0
-        idx = torch.nonzero(m).flatten()
-        starts = torch.cat([idx[:1], idx[1:][idx[1:] != idx[:-1] + 1]])
-        ends = torch.cat([idx[:-1][idx[1:] != idx[:-1] + 1], idx[-1:]])
-        for s, e in zip(starts.tolist(), ends.tolist(), strict=True):
-            mean = float(adv[s : e + 1].mean())
-            k = 0 if solved else 2
-            out[k] += float(mean > 0.0 if solved else mean < 0.0)
-            out[k + 1] += 1.0
-    return out
+    m = action_mask.bool()
+    start = m.clone()
+    start[:, 1:] &= ~m[:, :-1]  # a turn's first action token
+    n = int(start.sum())
+    if n == 0:
+        return [0.0, 0.0, 0.0, 0.0]
+    # turn k (row-major order) owns ids k; 0 collects every non-action token and is dropped
+    ids = (torch.cumsum(start.flatten().long(), 0) * m.flatten().long()).view(-1)
+    adv = advantages.detach().float().flatten() * m.flatten()
+    sums = torch.zeros(n + 1).index_add_(0, ids, adv)[1:]
+    solved = (rewards.detach().float().sum(dim=1) > 0.0)[torch.nonzero(start)[:, 0]]
+    return [float((solved & (sums > 0)).sum()), float(solved.sum()),
+            float((~solved & (sums < 0)).sum()), float((~solved).sum())]  # fmt: skip

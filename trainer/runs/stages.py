@@ -191,12 +191,12 @@ def episode_scores(
             for t in graded
         )
         out["edited_bug_file_rate"] = edited / max(len(graded), 1)
-    family = {str(t.get("instance_id")): bug_family(t) for t in tasks or [] if isinstance(t, dict)}
-    if any(family.values()):
+    family = {str(t.get("instance_id")): f for t in tasks or [] if isinstance(t, dict) and (f := bug_family(t))}
+    if family:
         by: dict[str, list[int]] = {}
         for t in ok:
-            if family.get(t.task_id):
-                solved_n = by.setdefault(str(family[t.task_id]), [0, 0])
+            if t.task_id in family:
+                solved_n = by.setdefault(family[t.task_id], [0, 0])
                 solved_n[0] += int(bool(t.info.get("solved")))
                 solved_n[1] += 1
         out["solved_by_family"] = dict(sorted(by.items()))
