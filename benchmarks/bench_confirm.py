@@ -201,6 +201,9 @@ def arm_result(name: str, summary: dict[str, Any], sft_eval: dict[str, Any], run
         "paired_diff": diff,
         "paired_diff_se": diff_se,
         "paired_n": n_pair,
+        # per task 0/1 before and after: what `sao bench confirm-pool` pools over seeds
+        "solved_by_task_sft": dict(sft_eval["solved_by_task"]),
+        "solved_by_task_rl": dict(after["solved_by_task"]),
         "valid_tool_call_sft": sft_eval["valid_tool_call_rate"],
         "valid_tool_call_rl": after["valid_tool_call_rate"],
         "rl_steps": train.get("steps"),
@@ -370,3 +373,103 @@ def run(cc: ConfirmConfig, echo: Callable[[str], None] = print) -> dict[str, Any
     write_json(cc.out / "confirm.json", data)
     echo(f"wrote {cc.out / 'confirm.json'} and {png}")
     return data
+
+
+POOL_RERUN = "rebuild it with `sao bench confirm ... --report-only` (same --out, --config, --from-run and --set)"
+
+
+def _pool_inputs(outs: list[Path]) -> list[dict[str, Any]]:
+    if len(outs) < 2:
+        raise ValueError(f"confirm-pool needs the --out folders of 2 or more `sao bench confirm` runs, got {len(outs)}")
+    docs = []
+    for out in outs:
+        path = out / "confirm.json"
+        if not path.exists():
+            raise FileNotFoundError(f"{path} does not exist: run `sao bench confirm --out {out}` first")
+        doc = json.loads(path.read_text())
+        for r in doc["arms"]:
+            if "solved_by_task_rl" not in r:
+                raise ValueError(f"{path} was written before confirm.json kept per-task outcomes: {POOL_RERUN}")
+        docs.append(doc)
+    return docs
+
+
+def pool_seeds(outs: list[Path], echo: Callable[[str], None] = print) -> dict[str, Any]:
+    """Several `sao bench confirm` runs (one seed each) pooled: per arm its paired RL - SFT difference seed by seed
+    and over the seeds (``pooled_paired_difference``: per task the mean over seeds, SE over tasks), and the first
+    arm minus each other arm the same way. Only arms every run has are pooled."""
+    from trainer.runs.stages import paired_difference, pooled_paired_difference
+
+    docs = _pool_inputs(outs)
+    names = [r["arm"] for r in docs[0]["arms"]]
+    names = [n for n in names if all(any(r["arm"] == n for r in d["arms"]) for d in docs)]
+    if not names:
+        raise ValueError(f"no arm is in every one of {[str(o) for o in outs]}")
+    rows = {n: [next(r for r in d["arms"] if r["arm"] == n) for d in docs] for n in names}
+    arms: list[dict[str, Any]] = []
+    for n in names:
+        pairs = [(r["solved_by_task_sft"], r["solved_by_task_rl"]) for r in rows[n]]
+        mean, se, k = pooled_paired_difference(pairs)
+        per_seed = [paired_difference(b, a)[:2] for b, a in pairs]
+        arms.append({
+            "arm": n,
+            "seeds": [{"out": str(o), "overrides": d.get("overrides", []), "diff": m, "se": e,
+                       "success_rl": r["success_rl"], "success_sft": r["success_sft"]}
+                      for o, d, r, (m, e) in zip(outs, docs, rows[n], per_seed, strict=True)],
+            "pooled_diff": mean, "pooled_se": se, "tasks": k,
+            "success_rl_mean": sum(r["success_rl"] for r in rows[n]) / len(outs),
+        })  # fmt: skip
+    between = []
+    for n in names[1:]:
+        pairs = [(b["solved_by_task_rl"], a["solved_by_task_rl"]) for a, b in zip(rows[names[0]], rows[n], strict=True)]
+        mean, se, k = pooled_paired_difference(pairs)
+        between.append({"first": names[0], "other": n, "pooled_diff": mean, "pooled_se": se, "tasks": k})
+    headers = ["arm", "RL - SFT seed by seed (paired)", "pooled over seeds", "success after RL (mean)"]
+    table = []
+    for a in arms:
+        z = f" ({a['pooled_diff'] / a['pooled_se']:.1f} SE)" if a["pooled_se"] > 0 else ""
+        table.append([
+            a["arm"],
+            ", ".join(f"{s['diff']:+.3f} ± {s['se']:.3f}" for s in a["seeds"]),
+            f"{a['pooled_diff']:+.3f} ± {a['pooled_se']:.3f}{z}",
+            f"{a['success_rl_mean']:.3f}",
+        ])  # fmt: skip
+    print_table(headers, table, echo)
+    for b in between:
+        z = f" ({b['pooled_diff'] / b['pooled_se']:.1f} SE)" if b["pooled_se"] > 0 else ""
+        echo(f"{b['first']} - {b['other']} after RL, pooled over {len(outs)} seeds: "
+             f"{b['pooled_diff']:+.3f} ± {b['pooled_se']:.3f}{z} over {b['tasks']} held-out tasks")  # fmt: skip
+    return {"runs": [str(o) for o in outs], "arms": arms, "between_arms": between}
+
+
+def plot_pool(pooled: dict[str, Any], path: Path) -> Path:
+    """Each arm's paired RL - SFT difference seed by seed (dots, ± SE) and pooled (bar, ± SE)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    arms = pooled["arms"]
+    fig, ax = plt.subplots(figsize=(2.2 + 1.6 * len(arms), 3.6))
+    for i, a in enumerate(arms):
+        ax.bar(i, a["pooled_diff"], yerr=a["pooled_se"], capsize=5, color=f"C{i}", alpha=0.45)
+        k = len(a["seeds"])
+        for j, s in enumerate(a["seeds"]):
+            x = i + (j - (k - 1) / 2) * 0.15
+            ax.errorbar(x, s["diff"], yerr=s["se"], fmt="o", color=f"C{i}", ms=4, capsize=2)
+    ax.axhline(0, color="k", lw=0.6)
+    ax.set_xticks(range(len(arms)), [a["arm"] for a in arms])
+    ax.set_ylabel("held-out success, RL - SFT (paired)")
+    ax.set_title(f"{len(pooled['runs'])} seeds: dots each seed, bars pooled (± SE)", fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+def run_pool(outs: list[Path], out: Path, echo: Callable[[str], None] = print) -> dict[str, Any]:
+    pooled = pool_seeds(outs, echo)
+    write_json(out / "pool.json", pooled)
+    echo(f"wrote {out / 'pool.json'} and {plot_pool(pooled, out / 'pool.png')}")
+    return pooled

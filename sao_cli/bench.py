@@ -314,3 +314,20 @@ def confirm(
         run(cc, echo=typer.echo)
     except (ValueError, FileNotFoundError) as e:
         raise typer.BadParameter(str(e)) from e
+
+
+@app.command("confirm-pool")
+def confirm_pool(
+    runs: list[str] = typer.Argument(..., help="the --out folders of 2 or more `sao bench confirm` runs (seeds)"),
+    out: str = typer.Option("runs/bench/confirm_pool", help="folder for pool.json and pool.png"),
+) -> None:
+    """Pool `sao bench confirm` seeds: each arm's paired RL - SFT difference seed by seed and over the seeds (per
+    task the mean over seeds, SE over tasks), and the first arm minus each other arm."""
+    from pathlib import Path
+
+    from benchmarks.bench_confirm import run_pool
+
+    try:
+        run_pool([Path(r) for r in runs], Path(out), echo=typer.echo)
+    except (ValueError, FileNotFoundError) as e:
+        raise typer.BadParameter(str(e)) from e

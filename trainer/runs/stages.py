@@ -31,7 +31,7 @@ import json
 import math
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -510,10 +510,19 @@ def score_table(results: list[dict[str, Any]]) -> str:
 def paired_difference(before: dict[str, int], after: dict[str, int]) -> tuple[float, float, int]:
     """Mean of ``after - before`` over the tasks both evals solved or failed, its standard error, and the count:
     the two evals run the same held-out tasks, so the paired difference is the sharper test."""
-    common = sorted(set(before) & set(after))
+    return pooled_paired_difference([(before, after)])
+
+
+def pooled_paired_difference(pairs: Sequence[tuple[dict[str, int], dict[str, int]]]) -> tuple[float, float, int]:
+    """The paired difference over several seeds: for each task every pair ran, the mean of ``after - before``
+    over the pairs, then the mean over tasks and its standard error over tasks. The task is the unit, so seeds
+    that share one ``before`` eval (RL seeds from one SFT checkpoint) are not counted as independent samples."""
+    if not pairs:
+        return float("nan"), float("nan"), 0
+    common = sorted(set.intersection(*(set(b) & set(a) for b, a in pairs)))
     if not common:
         return float("nan"), float("nan"), 0
-    d = [after[k] - before[k] for k in common]
+    d = [sum(a[k] - b[k] for b, a in pairs) / len(pairs) for k in common]
     mean = sum(d) / len(d)
     var = sum((x - mean) ** 2 for x in d) / max(len(d) - 1, 1)
     return mean, (var / len(d)) ** 0.5, len(d)

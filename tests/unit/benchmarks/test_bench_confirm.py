@@ -82,6 +82,8 @@ def test_arm_rows_pair_each_arm_with_the_sft_eval_on_the_same_tasks(tmp_path: Pa
     assert results[0]["paired_diff"] == pytest.approx(0.5)  # two tasks gained, none lost
     assert results[1]["paired_diff"] == pytest.approx(0.0)  # one gained, one lost
     assert results[0]["curves"]["reward_mean"] == [0.5]
+    assert results[0]["solved_by_task_sft"] == sft["solved_by_task"]  # kept for `sao bench confirm-pool`
+    assert results[0]["solved_by_task_rl"] == {"a": 1, "b": 1, "c": 1, "d": 0}
     _headers, rows = table_rows(results)
     assert rows[0][0] == "sao" and rows[0][2] == "0.750 ± 0.217" and "+0.500" in rows[0][3]
     lines = between_arms(results, sums)
@@ -159,3 +161,51 @@ def test_the_swe_comparison_gives_grpo_whole_groups_of_one_task_and_the_sao_budg
     for cfg in arms.values():
         assert cfg["run"]["total_steps"] * cfg["trainer"]["batch_size"] == 24
         assert cfg["eval"] == shared["eval"] and cfg["env"] == shared["env"]
+
+
+def _confirm_json(out: Path, arms: dict[str, tuple[dict[str, int], dict[str, int]]]) -> None:
+    import json
+
+    rows = []
+    for name, (sft, rl) in arms.items():
+        n = len(rl)
+        rows.append({"arm": name, "success_sft": sum(sft.values()) / n, "success_rl": sum(rl.values()) / n,
+                     "solved_by_task_sft": sft, "solved_by_task_rl": rl})  # fmt: skip
+    out.mkdir(parents=True)
+    (out / "confirm.json").write_text(json.dumps({"overrides": [], "arms": rows}))
+
+
+def test_confirm_pool_pools_each_arm_over_seeds_by_task_and_names_bad_input(tmp_path: Path) -> None:
+    import json
+
+    from benchmarks.bench_confirm import run_pool
+
+    sft = {"a": 0, "b": 0, "c": 1, "d": 0}
+    _confirm_json(tmp_path / "s0", {"sao": (sft, {"a": 1, "b": 1, "c": 1, "d": 0}),
+                                    "grpo": (sft, {"a": 0, "b": 0, "c": 1, "d": 0})})  # fmt: skip
+    _confirm_json(tmp_path / "s1", {"sao": (sft, {"a": 1, "b": 0, "c": 0, "d": 0}),
+                                    "grpo": (sft, {"a": 1, "b": 0, "c": 1, "d": 0}),
+                                    "running_mean": (sft, sft)})  # fmt: skip
+    lines: list[str] = []
+    pooled = run_pool([tmp_path / "s0", tmp_path / "s1"], tmp_path / "pool", echo=lines.append)
+    assert [a["arm"] for a in pooled["arms"]] == ["sao", "grpo"]  # running_mean is not in every run
+    sao, grpo = pooled["arms"]
+    assert [s["diff"] for s in sao["seeds"]] == pytest.approx([0.5, 0.0])
+    assert sao["pooled_diff"] == pytest.approx(0.25) and sao["tasks"] == 4
+    assert grpo["pooled_diff"] == pytest.approx(0.125)  # task a gained in one of two seeds
+    between = pooled["between_arms"][0]
+    # sao - grpo per task: a (1 + 0) / 2, b (1 + 0) / 2, c (0 - 1) / 2, d 0 -> mean 0.125
+    assert between["other"] == "grpo" and between["pooled_diff"] == pytest.approx(0.125)
+    assert json.loads((tmp_path / "pool" / "pool.json").read_text())["arms"][0]["arm"] == "sao"
+    assert (tmp_path / "pool" / "pool.png").stat().st_size > 0
+    assert any(line.startswith("sao - grpo after RL, pooled over 2 seeds: +0.125") for line in lines)
+
+    with pytest.raises(ValueError, match="2 or more"):
+        run_pool([tmp_path / "s0"], tmp_path / "pool")
+    with pytest.raises(FileNotFoundError, match="sao bench confirm --out"):
+        run_pool([tmp_path / "s0", tmp_path / "missing"], tmp_path / "pool")
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "confirm.json").write_text(json.dumps({"arms": [{"arm": "sao", "success_rl": 0.5}]}))
+    with pytest.raises(ValueError, match="--report-only"):
+        run_pool([tmp_path / "s0", old], tmp_path / "pool")

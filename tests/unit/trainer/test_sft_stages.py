@@ -107,6 +107,23 @@ def test_paired_difference_uses_the_tasks_both_evals_ran() -> None:
     assert se == pytest.approx(0.25)  # d = [1, 0, 0, 0]: sample std 0.5, over sqrt(4)
 
 
+def test_pooled_paired_difference_averages_seeds_within_a_task_and_takes_the_se_over_tasks() -> None:
+    from trainer.runs.stages import paired_difference, pooled_paired_difference
+
+    sft = {"a": 0, "b": 0, "c": 1, "d": 0}  # one SFT eval shared by two RL seeds
+    seed1 = {"a": 1, "b": 1, "c": 1, "d": 0}
+    seed2 = {"a": 1, "b": 0, "c": 0, "d": 0, "extra": 1}
+    mean, se, n = pooled_paired_difference([(sft, seed1), (sft, seed2)])
+    # per task: a (1 + 1) / 2 = 1, b (1 + 0) / 2 = 0.5, c (0 - 1) / 2 = -0.5, d 0; "extra" is not in every pair
+    assert n == 4 and mean == pytest.approx(0.25)
+    d = [1.0, 0.5, -0.5, 0.0]
+    sd = (sum((x - 0.25) ** 2 for x in d) / 3) ** 0.5
+    assert se == pytest.approx(sd / 2)
+    assert pooled_paired_difference([(sft, seed1)]) == paired_difference(sft, seed1)
+    m, s, k = pooled_paired_difference([])
+    assert k == 0 and m != m and s != s  # nan: nothing to pool
+
+
 def test_held_out_set_is_one_set_for_every_seed_and_never_a_training_task() -> None:
     from trainer.config import load_config
     from trainer.runs.stages import held_out_tasks, training_tasks
