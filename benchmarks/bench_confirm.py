@@ -230,13 +230,18 @@ def _stage_dir(run_dir: Path, stage: str) -> Path:
     return found[-1] if found else run_dir / f"00_{stage}"
 
 
+def _in_se(d: float, se: float | None) -> str:
+    """``d`` in standard errors, or ``n/a`` where no task changed outcome (SE 0)."""
+    return f"{d / se:.1f} SE" if se and se > 0 else "n/a"
+
+
 def table_rows(results: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
     headers = ["arm", "success after SFT", "success after RL", "RL - SFT (paired)", "valid calls SFT -> RL",
                "time-limited SFT / RL", "RL steps", "critic-only rollouts", "RL wall / CPU"]  # fmt: skip
     rows = []
     for r in results:
         d, se = r["paired_diff"], r["paired_diff_se"]
-        z = f"{d / se:.1f} SE" if se and se > 0 else "n/a"
+        z = _in_se(d, se)
         rows.append([
             r["arm"],
             f"{r['success_sft']:.3f} ± {r['success_sft_se']:.3f}",
@@ -263,7 +268,7 @@ def between_arms(results: list[dict[str, Any]], summaries: dict[str, dict[str, A
         d, se, n = paired_difference(
             summaries[r["arm"]]["evals"][-1]["solved_by_task"], summaries[first]["evals"][-1]["solved_by_task"]
         )
-        z = f"{d / se:.1f} SE" if se > 0 else "n/a"
+        z = _in_se(d, se)
         lines.append(f"{first} - {r['arm']}: {d:+.3f} ± {se:.3f} ({z}; paired over {n} held-out tasks)")
     return lines
 
@@ -381,7 +386,7 @@ POOL_RERUN = "rebuild it with `sao bench confirm ... --report-only` (same --out,
 def _pool_inputs(outs: list[Path]) -> list[dict[str, Any]]:
     if len(outs) < 2:
         raise ValueError(f"confirm-pool needs the --out folders of 2 or more `sao bench confirm` runs, got {len(outs)}")
-    docs = []
+    docs, tasks = [], None
     for out in outs:
         path = out / "confirm.json"
         if not path.exists():
@@ -390,6 +395,10 @@ def _pool_inputs(outs: list[Path]) -> list[dict[str, Any]]:
         for r in doc["arms"]:
             if "solved_by_task_rl" not in r:
                 raise ValueError(f"{path} was written before confirm.json kept per-task outcomes: {POOL_RERUN}")
+            tasks = set(r["solved_by_task_rl"]) if tasks is None else tasks
+            if set(r["solved_by_task_rl"]) != tasks or set(r["solved_by_task_sft"]) != tasks:
+                raise ValueError(f"{path}: arm {r['arm']} was evaluated on other held-out tasks than {outs[0]}; "
+                                 "pool only runs with the same eval.seed and eval.n")  # fmt: skip
         docs.append(doc)
     return docs
 
@@ -398,7 +407,7 @@ def pool_seeds(outs: list[Path], echo: Callable[[str], None] = print) -> dict[st
     """Several `sao bench confirm` runs (one seed each) pooled: per arm its paired RL - SFT difference seed by seed
     and over the seeds (``pooled_paired_difference``: per task the mean over seeds, SE over tasks), and the first
     arm minus each other arm the same way. Only arms every run has are pooled."""
-    from trainer.runs.stages import paired_difference, pooled_paired_difference
+    from trainer.runs.stages import pooled_paired_difference
 
     docs = _pool_inputs(outs)
     names = [r["arm"] for r in docs[0]["arms"]]
@@ -410,12 +419,11 @@ def pool_seeds(outs: list[Path], echo: Callable[[str], None] = print) -> dict[st
     for n in names:
         pairs = [(r["solved_by_task_sft"], r["solved_by_task_rl"]) for r in rows[n]]
         mean, se, k = pooled_paired_difference(pairs)
-        per_seed = [paired_difference(b, a)[:2] for b, a in pairs]
         arms.append({
             "arm": n,
-            "seeds": [{"out": str(o), "overrides": d.get("overrides", []), "diff": m, "se": e,
-                       "success_rl": r["success_rl"], "success_sft": r["success_sft"]}
-                      for o, d, r, (m, e) in zip(outs, docs, rows[n], per_seed, strict=True)],
+            "seeds": [{"out": str(o), "overrides": d.get("overrides", []), "diff": r["paired_diff"],
+                       "se": r["paired_diff_se"], "success_rl": r["success_rl"], "success_sft": r["success_sft"]}
+                      for o, d, r in zip(outs, docs, rows[n], strict=True)],
             "pooled_diff": mean, "pooled_se": se, "tasks": k,
             "success_rl_mean": sum(r["success_rl"] for r in rows[n]) / len(outs),
         })  # fmt: skip
@@ -427,18 +435,17 @@ def pool_seeds(outs: list[Path], echo: Callable[[str], None] = print) -> dict[st
     headers = ["arm", "RL - SFT seed by seed (paired)", "pooled over seeds", "success after RL (mean)"]
     table = []
     for a in arms:
-        z = f" ({a['pooled_diff'] / a['pooled_se']:.1f} SE)" if a["pooled_se"] > 0 else ""
         table.append([
             a["arm"],
             ", ".join(f"{s['diff']:+.3f} ± {s['se']:.3f}" for s in a["seeds"]),
-            f"{a['pooled_diff']:+.3f} ± {a['pooled_se']:.3f}{z}",
+            f"{a['pooled_diff']:+.3f} ± {a['pooled_se']:.3f} ({_in_se(a['pooled_diff'], a['pooled_se'])})",
             f"{a['success_rl_mean']:.3f}",
         ])  # fmt: skip
     print_table(headers, table, echo)
     for b in between:
-        z = f" ({b['pooled_diff'] / b['pooled_se']:.1f} SE)" if b["pooled_se"] > 0 else ""
-        echo(f"{b['first']} - {b['other']} after RL, pooled over {len(outs)} seeds: "
-             f"{b['pooled_diff']:+.3f} ± {b['pooled_se']:.3f}{z} over {b['tasks']} held-out tasks")  # fmt: skip
+        d, se = b["pooled_diff"], b["pooled_se"]
+        echo(f"{b['first']} - {b['other']} after RL, pooled over {len(outs)} seeds: {d:+.3f} ± {se:.3f} "
+             f"({_in_se(d, se)}) over {b['tasks']} held-out tasks")  # fmt: skip
     return {"runs": [str(o) for o in outs], "arms": arms, "between_arms": between}
 
 

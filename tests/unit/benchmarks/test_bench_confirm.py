@@ -166,10 +166,14 @@ def test_the_swe_comparison_gives_grpo_whole_groups_of_one_task_and_the_sao_budg
 def _confirm_json(out: Path, arms: dict[str, tuple[dict[str, int], dict[str, int]]]) -> None:
     import json
 
+    from trainer.runs.stages import paired_difference
+
     rows = []
     for name, (sft, rl) in arms.items():
         n = len(rl)
+        d, se, _ = paired_difference(sft, rl)  # what arm_result writes
         rows.append({"arm": name, "success_sft": sum(sft.values()) / n, "success_rl": sum(rl.values()) / n,
+                     "paired_diff": d, "paired_diff_se": se,
                      "solved_by_task_sft": sft, "solved_by_task_rl": rl})  # fmt: skip
     out.mkdir(parents=True)
     (out / "confirm.json").write_text(json.dumps({"overrides": [], "arms": rows}))
@@ -204,6 +208,9 @@ def test_confirm_pool_pools_each_arm_over_seeds_by_task_and_names_bad_input(tmp_
         run_pool([tmp_path / "s0"], tmp_path / "pool")
     with pytest.raises(FileNotFoundError, match="sao bench confirm --out"):
         run_pool([tmp_path / "s0", tmp_path / "missing"], tmp_path / "pool")
+    _confirm_json(tmp_path / "other", {"sao": ({"a": 0, "e": 1}, {"a": 1, "e": 1})})
+    with pytest.raises(ValueError, match="other held-out tasks"):
+        run_pool([tmp_path / "s0", tmp_path / "other"], tmp_path / "pool")
     old = tmp_path / "old"
     old.mkdir()
     (old / "confirm.json").write_text(json.dumps({"arms": [{"arm": "sao", "success_rl": 0.5}]}))
