@@ -147,9 +147,22 @@ def test_sandbox_host_kill_then_driver_kill_then_resume(
             if name.startswith("sao-sandbox-"):
                 hosts_pids.add(ray.get(ray.get_actor(name, namespace="sao").ping.remote(), timeout=30)["pid"])
 
+        def host_error_recorded() -> bool:
+            try:
+                rows = _read(run_dir / "trajectories.jsonl")
+            except json.JSONDecodeError:  # a line being written as we read: look again
+                return False
+            infos = [r["trajectory"]["info"] for r in rows if "trajectory" in r]
+            return any("sandbox host" in i.get("infra_error", "") for i in infos)
+
+        # An episode of the killed host becomes an infra error at its next sandbox call, which may wait on a
+        # generation or a weight sync: the driver lives until rank 0 has written that record, or the kill below
+        # would take the episode with it (CI saw the kill 3 s after the host's and no record).
+        _wait("an infra error record naming the killed sandbox host", host_error_recorded, driver, log, timeout=300)
+
         def step_2_saved() -> bool:
             ckpt = latest_checkpoint(run_dir)
-            return ckpt is not None and ckpt.name.endswith("2")
+            return ckpt is not None and int(ckpt.name.rsplit("_", 1)[-1]) >= 2
 
         _wait("step 2's checkpoint", step_2_saved, driver, log)
         engine_pid = ray.get(ray.get_actor("sao-engine-0", namespace="sao").server_pid.remote(), timeout=30)
