@@ -383,15 +383,32 @@ def run(cc: ConfirmConfig, echo: Callable[[str], None] = print) -> dict[str, Any
 POOL_RERUN = "rebuild it with `sao bench confirm ... --report-only` (same --out, --config, --from-run and --set)"
 
 
+def _whole_job(run_dir: Path) -> dict[str, Any]:
+    """A finished `sao train` job (SFT, eval, ..., train, eval) read as a one-arm confirm run: its algorithm's
+    RL against its own SFT eval. Its SFT stage is its own, so it adds an SFT seed to the pool, not only an RL one."""
+    cfg = _finished_run_config(run_dir)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    name = str((cfg.get("trainer") or {}).get("algorithm", "sao"))
+    seed = (cfg.get("run") or {}).get("seed")
+    return {
+        "overrides": [f"whole job, run.seed={seed}"],
+        "arms": [arm_result(name, summary, summary["evals"][0], run_dir)],
+    }
+
+
 def _pool_inputs(outs: list[Path]) -> list[dict[str, Any]]:
     if len(outs) < 2:
-        raise ValueError(f"confirm-pool needs the --out folders of 2 or more `sao bench confirm` runs, got {len(outs)}")
+        raise ValueError(f"confirm-pool needs 2 or more runs (`sao bench confirm` --out folders), got {len(outs)}")
     docs, tasks = [], None
     for out in outs:
         path = out / "confirm.json"
-        if not path.exists():
-            raise FileNotFoundError(f"{path} does not exist: run `sao bench confirm --out {out}` first")
-        doc = json.loads(path.read_text())
+        if not path.exists() and (out / "summary.json").exists():
+            doc = _whole_job(out)
+        elif not path.exists():
+            raise FileNotFoundError(f"{path} does not exist: run `sao bench confirm --out {out}` first, or pass "
+                                    "the folder of a finished `sao train` job (its summary.json)")  # fmt: skip
+        else:
+            doc = json.loads(path.read_text())
         for r in doc["arms"]:
             if "solved_by_task_rl" not in r:
                 raise ValueError(f"{path} was written before confirm.json kept per-task outcomes: {POOL_RERUN}")

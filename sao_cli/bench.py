@@ -318,11 +318,14 @@ def confirm(
 
 @app.command("confirm-pool")
 def confirm_pool(
-    runs: list[str] = typer.Argument(..., help="the --out folders of 2 or more `sao bench confirm` runs (seeds)"),
+    runs: list[str] = typer.Argument(
+        ..., help="2 or more seeds: `sao bench confirm` --out folders or finished `sao train` job folders"
+    ),
     out: str = typer.Option("runs/bench/confirm_pool", help="folder for pool.json and pool.png"),
 ) -> None:
     """Pool `sao bench confirm` seeds: each arm's paired RL - SFT difference seed by seed and over the seeds (per
-    task the mean over seeds, SE over tasks), and the first arm minus each other arm."""
+    task the mean over seeds, SE over tasks), and the first arm minus each other arm. A whole `sao train` job's
+    folder counts as a run with one arm (its algorithm) and its own SFT stage."""
     from pathlib import Path
 
     from benchmarks.bench_confirm import run_pool

@@ -216,3 +216,41 @@ def test_confirm_pool_pools_each_arm_over_seeds_by_task_and_names_bad_input(tmp_
     (old / "confirm.json").write_text(json.dumps({"arms": [{"arm": "sao", "success_rl": 0.5}]}))
     with pytest.raises(ValueError, match="--report-only"):
         run_pool([tmp_path / "s0", old], tmp_path / "pool")
+
+
+def test_confirm_pool_takes_a_whole_job_folder_as_one_arm_with_its_own_sft_eval(tmp_path: Path) -> None:
+    """A finished `sao train` job (its own SFT stage: an SFT seed) pools with `sao bench confirm` runs."""
+    import json
+
+    import yaml
+
+    from benchmarks.bench_confirm import run_pool
+
+    job = tmp_path / "job"
+    (job / "04_train").mkdir(parents=True)
+    (job / "04_train" / "metrics.jsonl").write_text(json.dumps({"step": 1, "success_rate": 0.5}) + "\n")
+    stages = ["collect", "sft", "eval", "train", "eval"]
+    (job / "config.yaml").write_text(
+        yaml.safe_dump({"run": {"seed": 1}, "trainer": {"algorithm": "sao"}, "stages": stages})
+    )
+    before, after = {"a": 1, "b": 0, "c": 0, "d": 0}, {"a": 1, "b": 1, "c": 1, "d": 0}
+
+    def ev(solved: dict[str, int]) -> dict[str, object]:
+        return {"success": sum(solved.values()) / 4, "episodes": 4, "solved_by_task": solved,
+                "valid_tool_call_rate": 1.0, "time_limited": 0}  # fmt: skip
+
+    train = {"stage": "train", "steps": 1, "wall_s": 60.0, "cpu_s": 90.0, "load_avg": 2.0}
+    (job / "summary.json").write_text(json.dumps({"evals": [ev(before), ev(after)], "stages": [train]}))
+    sft = {"a": 0, "b": 0, "c": 1, "d": 0}
+    _confirm_json(tmp_path / "s0", {"sao": (sft, {"a": 1, "b": 1, "c": 1, "d": 0}),
+                                    "grpo": (sft, sft)})  # fmt: skip
+    pooled = run_pool([tmp_path / "s0", job], tmp_path / "pool", echo=lambda _: None)
+    assert [a["arm"] for a in pooled["arms"]] == ["sao"] and not pooled["between_arms"]  # grpo: not in the job
+    seeds = pooled["arms"][0]["seeds"]
+    assert seeds[1]["overrides"] == ["whole job, run.seed=1"]
+    assert [s["diff"] for s in seeds] == pytest.approx([0.5, 0.5])  # the job against its own SFT eval
+    # per task over the two seeds: a (1 + 0) / 2, b (1 + 1) / 2, c (0 + 1) / 2, d 0 -> mean 0.5
+    assert pooled["arms"][0]["pooled_diff"] == pytest.approx(0.5)
+    (job / "config.yaml").write_text(yaml.safe_dump({"stages": ["collect", "sft"]}))
+    with pytest.raises(ValueError, match="not the main job's"):
+        run_pool([tmp_path / "s0", job], tmp_path / "pool")
