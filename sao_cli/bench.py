@@ -189,6 +189,32 @@ def microbatch(
         raise typer.BadParameter(str(e)) from e
 
 
+@app.command("staleness")
+def staleness(
+    trajectories: str = typer.Argument(..., help="a run's ledger, RUN_DIR/NN_train/trajectories.jsonl"),
+    out: str = typer.Option("runs/bench/staleness", help="folder for staleness.json and staleness.png"),
+    settings: str = typer.Option("4:4:2,16:16:1", help="comma-separated CONCURRENCY:BUFFER:MAX_STALENESS"),
+    batch_size: int = typer.Option(4, help="episodes per trainer step"),
+    step_s: float = typer.Option(0.0, help="trainer seconds per step (0: the median step_s of the run's metrics)"),
+    steps: int = typer.Option(40, help="trainer steps replayed per setting and policy"),
+    speedup: float = typer.Option(500.0, help="replay this many times faster than the run's clock"),
+    seed: int = typer.Option(0, help="seeds the order the recorded episodes are replayed in"),
+) -> None:
+    """The staleness bound by waiting vs by dropping, on the real coordinator replaying a run's episodes."""
+    from pathlib import Path
+
+    from benchmarks.bench_staleness import Setting, StalenessBenchConfig, run
+
+    try:
+        cfg = StalenessBenchConfig(
+            out=Path(out), trajectories=Path(trajectories), settings=tuple(Setting.parse(x) for x in _csv(settings)),
+            batch_size=batch_size, step_s=step_s, steps=steps, speedup=speedup, seed=seed,
+        )  # fmt: skip
+        run(cfg, echo=typer.echo)
+    except (ValueError, FileNotFoundError) as e:
+        raise typer.BadParameter(str(e)) from e
+
+
 def _csv(value: str) -> tuple[str, ...]:
     return tuple(v.strip() for v in value.split(",") if v.strip())
 
