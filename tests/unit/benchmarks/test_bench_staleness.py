@@ -62,3 +62,20 @@ def test_a_file_without_wall_times_is_refused(tmp_path: Path) -> None:
     path.write_text("\n".join(Trajectory(f"t{i}", "e", segs, 0.0).to_json() for i in range(3)) + "\n")
     with pytest.raises(ValueError, match=r"timings\.total_s"):
         run(StalenessBenchConfig(out=tmp_path / "o", trajectories=path, step_s=1.0), echo=lambda _: None)
+
+
+def test_the_cli_names_a_missing_ledger_and_a_bad_setting(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from sao_cli.main import app
+
+    res = CliRunner().invoke(app, ["bench", "staleness", str(tmp_path / "nope.jsonl"), "--step-s", "1"])
+    assert res.exit_code == 2 and "not found; pass a run's trajectories.jsonl" in _plain(res.output)
+    path = _ledger(tmp_path / "trajectories.jsonl")
+    res = CliRunner().invoke(app, ["bench", "staleness", str(path), "--settings", "4:4"])
+    assert res.exit_code == 2 and "is not CONCURRENCY:BUFFER:MAX_STALENESS" in _plain(res.output)
+
+
+def _plain(text: str) -> str:
+    """The CLI's error box as one line (rich wraps it at the terminal width)."""
+    return " ".join(text.replace("│", " ").split())
