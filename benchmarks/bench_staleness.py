@@ -77,7 +77,6 @@ class Episodes:
 
     records: list[tuple[float, int]]
     seed: int = 0
-    finished: list[int] = field(default_factory=list)
     order: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -106,7 +105,6 @@ class Replay:
         version = self.coord.version
         wall_s, tokens = self.episodes.pick(episode.index)
         await asyncio.sleep(wall_s / self.speedup)
-        self.episodes.finished.append(tokens)
         segs = (Segment("prompt", (1,)), Segment("action", (2,), (-0.5,), version, 0.0))
         return Trajectory(f"replay-{episode.index}", "replay", segs, 0.0, info={"tokens": tokens})
 
@@ -182,7 +180,6 @@ async def replay_one(cfg: StalenessBenchConfig, setting: Setting, policy: str, s
         batch_size=cfg.batch_size,
     )  # fmt: skip
     source.coord = coord
-    trained: list[int] = []
     lags: list[int] = []
     idle = 0.0
     t0 = time.perf_counter()
@@ -192,7 +189,6 @@ async def replay_one(cfg: StalenessBenchConfig, setting: Setting, policy: str, s
             w0 = time.perf_counter()
             items = await asyncio.wait_for(coord.next_batch(cfg.batch_size, step), 600)
             idle += time.perf_counter() - w0
-            trained += [int(i.traj.info["tokens"]) for i in items]
             lags += [coord.lag(i.traj) for i in items]
             coord.trained(items, step)
             await asyncio.sleep(step_s / cfg.speedup)
@@ -204,27 +200,29 @@ async def replay_one(cfg: StalenessBenchConfig, setting: Setting, policy: str, s
     acc, _ = replay(ledger)
     if not acc.balanced() or acc.double_trained:
         raise RuntimeError(f"the ledger of the {policy} replay does not balance: {acc}")
-    dropped = _dropped_tokens(ledger)
-    out = length_bias(list(episodes.finished), trained, dropped)
+    finished, trained, dropped = ledger_lengths(ledger)
+    out = length_bias(finished, trained, dropped)
     out.update(
         policy=policy, setting=asdict(setting), max_lag=max(lags, default=0), idle_share=idle / wall if wall else 0.0,
-        run_time_s=wall * cfg.speedup, ledger_dropped=acc.dropped_stale, finished_tokens=list(episodes.finished),
+        run_time_s=wall * cfg.speedup, ledger_dropped=acc.dropped_stale, finished_tokens=finished,
         trained_tokens=trained,
     )  # fmt: skip
     return out
 
 
-def _dropped_tokens(ledger: Path) -> list[int]:
+def ledger_lengths(ledger: Path) -> tuple[list[int], list[int], list[int]]:
+    """Recorded lengths of the episodes that finished, were trained and were dropped, read back from the ledger
+    (every finished episode is written on arrival, its fate as an event)."""
     from saocore.jsonl import iter_jsonl
 
     tokens: dict[str, int] = {}
-    out = []
+    fate: dict[str, list[int]] = {"trained": [], "dropped_stale": []}
     for _, rec in iter_jsonl(ledger):
         if rec.get("type") == "trajectory":
             tokens[rec["uid"]] = int(rec["trajectory"]["info"]["tokens"])
-        elif rec.get("type") == "event" and rec.get("event") == "dropped_stale":
-            out.append(tokens[rec["uid"]])
-    return out
+        elif rec.get("type") == "event" and rec.get("event") in fate:
+            fate[rec["event"]].append(tokens[rec["uid"]])
+    return list(tokens.values()), fate["trained"], fate["dropped_stale"]
 
 
 def _check(cfg: StalenessBenchConfig) -> None:
