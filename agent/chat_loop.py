@@ -1,7 +1,7 @@
 """The episode loop for chat endpoints (evaluation): messages in, text / tool calls out, no token ids.
 
 The result is a ``Trajectory`` with no segments (nothing to train on) whose ``info["messages"]`` holds the
-conversation; status, reward and timings mean the same as in ``agent.loop.run_episode``. Tool results go back as
+conversation; status, reward and timings mean the same as in ``sao.agent.loop.run_episode``. Tool results go back as
 ``role="tool"`` messages answering the model's call id when the model used function calling, else as user
 messages.
 """
@@ -11,10 +11,10 @@ from __future__ import annotations
 import time
 from typing import Any, Protocol
 
-from agent.engines.openai_chat import ChatReply
-from agent.engines.protocols import EngineError
-from agent.protocols import AsyncEnv, agent_ended, env_id_of
-from agent.records import Trajectory
+from sao.agent.engines.openai_chat import ChatReply
+from sao.agent.engines.protocols import EngineError
+from sao.agent.protocols import AsyncEnv, agent_ended, env_id_of
+from sao.agent.records import Trajectory
 
 
 class ChatModel(Protocol):

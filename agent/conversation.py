@@ -17,7 +17,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from agent.chat import ChatRenderer, tools_as_text
+from sao.agent.chat import ChatRenderer, tools_as_text
 
 _SENTINEL = "\x00SAO_EOT\x00"
 

@@ -26,11 +26,11 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from agent.chat import ChatRenderer
-from agent.engines.protocols import Engine, EngineError, SamplingParams
-from agent.protocols import AsyncEnv, agent_ended, env_id_of
-from agent.records import Segment, Trajectory
-from envs.protocols import ResetInfo
+from sao.agent.chat import ChatRenderer
+from sao.agent.engines.protocols import Engine, EngineError, SamplingParams
+from sao.agent.protocols import AsyncEnv, agent_ended, env_id_of
+from sao.agent.records import Segment, Trajectory
+from sao.envs.protocols import ResetInfo
 
 __all__ = ["AgentConfig", "AsyncEnv", "env_id_of", "render_drift", "run_episode"]
 

@@ -1,6 +1,6 @@
 """The agent's env seam: what an episode needs from an env (async Gymnasium API, typed info) and how it is closed.
 
-Every SAO env (``envs.base.MultiTurnEnv``) satisfies ``AsyncEnv``. ``aend`` is optional: an env that has it grades
+Every SAO env (``sao.envs.base.MultiTurnEnv``) satisfies ``AsyncEnv``. ``aend`` is optional: an env that has it grades
 what exists when the agent's own limit (context length, turn cap) ends a running episode. ``close_env`` is the one
 way an episode's env is released (``aclose``, else ``close``).
 """
@@ -11,7 +11,7 @@ import contextlib
 import inspect
 from typing import Any, Protocol
 
-from envs.protocols import ResetInfo, StepInfo
+from sao.envs.protocols import ResetInfo, StepInfo
 
 
 class AsyncEnv(Protocol):

@@ -137,7 +137,7 @@ class Trajectory:
 def write_jsonl(path: str | Path, trajectories: Iterable[Trajectory], append: bool = True) -> None:
     """Append trajectories to a JSONL file (``append=False``: replace it), flushed and fsynced so a crash loses
     nothing already written."""
-    from saocore.jsonl import append_jsonl
+    from sao.core.jsonl import append_jsonl
 
     if not append:
         Path(path).write_text("", encoding="utf-8")
@@ -146,7 +146,7 @@ def write_jsonl(path: str | Path, trajectories: Iterable[Trajectory], append: bo
 
 def read_jsonl(path: str | Path) -> Iterator[Trajectory]:
     """Read trajectories from JSONL; a malformed line raises a ValueError naming the file and line number."""
-    from saocore.jsonl import iter_jsonl
+    from sao.core.jsonl import iter_jsonl
 
     for n, rec in iter_jsonl(path, fix="was it written by SAO?"):
         try:

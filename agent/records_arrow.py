@@ -14,7 +14,7 @@ from typing import Any
 
 import datasets
 
-from agent.records import Segment, Trajectory
+from sao.agent.records import Segment, Trajectory
 
 FEATURES = datasets.Features(
     {

@@ -12,13 +12,13 @@ Usage::
 
 ``run_one`` is the single place an episode is played: a fresh env from ``env_factory()``, reset with
 ``options={"task": task}`` (or, with no task, the env's own seeded sampler), played by the ``Player`` (a token
-engine: ``TokenPlayer``; a chat endpoint or a script: ``ChatPlayer``), then closed (``agent.protocols.close_env``);
+engine: ``TokenPlayer``; a chat endpoint or a script: ``ChatPlayer``), then closed (``sao.agent.protocols.close_env``);
 the trajectory's ``info`` gets ``episode`` (the index) and ``seed``.
 It never raises for one episode: an exception becomes ``infra_error_trajectory(...)``, the one constructor of
 such records. ``run`` bounds the episodes in flight with an ``asyncio_pool.AioPool`` of ``concurrency`` slots,
 writes each finished trajectory to ``out_path`` (fsynced) and then hands it to the callback, in finishing order.
 While the runner is open (``async with runner`` or inside ``run``) Docker sandboxes of its envs come from warm
-pools sized by ``concurrency`` (``sandboxes.pool.warm_pools``); leaving removes every container they hold.
+pools sized by ``concurrency`` (``sao.sandboxes.pool.warm_pools``); leaving removes every container they hold.
 """
 
 from __future__ import annotations
@@ -34,11 +34,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from agent.chat_loop import ChatModel, run_chat_episode
-from agent.engines.protocols import Engine
-from agent.loop import AgentConfig, run_episode
-from agent.protocols import AsyncEnv, close_env, env_id_of
-from agent.records import Trajectory, write_jsonl
+from sao.agent.chat_loop import ChatModel, run_chat_episode
+from sao.agent.engines.protocols import Engine
+from sao.agent.loop import AgentConfig, run_episode
+from sao.agent.protocols import AsyncEnv, close_env, env_id_of
+from sao.agent.records import Trajectory, write_jsonl
 
 OnTrajectory = Callable[[Trajectory], Awaitable[None] | None] | asyncio.Queue[Trajectory]
 
@@ -78,7 +78,7 @@ def env_factory(env_id: str, kwargs: dict[str, Any] | None = None) -> Callable[[
     """A zero-argument maker of fresh ``env_id`` envs (registered ``sao/`` ids, plugin envs, ``module:id``)."""
     import gymnasium
 
-    from envs.registration import load_plugin_envs, resolve_env_id
+    from sao.envs.registration import load_plugin_envs, resolve_env_id
 
     load_plugin_envs()
     name, kw = resolve_env_id(env_id), dict(kwargs or {})
@@ -114,7 +114,7 @@ class Player(Protocol):
 
 @dataclass
 class TokenPlayer:
-    """A token-in/token-out engine (vLLM, HF, scripted, solver) through ``agent.loop.run_episode``.
+    """A token-in/token-out engine (vLLM, HF, scripted, solver) through ``sao.agent.loop.run_episode``.
 
     ``render_check_every``: every N-th episode (by index) is checked for render drift (0: never)."""
 
@@ -233,12 +233,12 @@ class EpisodeRunner:
         self._emit_lock = asyncio.Lock()  # one writer at a time: whole lines, same order on disk and in the callback
         self._pools: contextlib.AsyncExitStack | None = None
         self._opened = 0
-        self.sandbox_pools: Any = None  # the sandboxes.pool.PoolSet while open
+        self.sandbox_pools: Any = None  # the sao.sandboxes.pool.PoolSet while open
 
     # ---- lifetime of the warm sandbox pools ---------------------------------------------------------------
     async def __aenter__(self) -> EpisodeRunner:
         if self._opened == 0:
-            from sandboxes.pool import warm_pools
+            from sao.sandboxes.pool import warm_pools
 
             stack = contextlib.AsyncExitStack()
             self.sandbox_pools = await stack.enter_async_context(warm_pools(self.cfg.concurrency))
@@ -391,7 +391,7 @@ class _progress(contextlib.AbstractAsyncContextManager["_Advance"]):
     async def __aenter__(self) -> _Advance:
         enabled = self.enabled
         if enabled:
-            from saocore.console import ProgressLine
+            from sao.core.console import ProgressLine
 
             self.bar = ProgressLine("episodes", self.total)  # one 80-column line with an ETA
         me = self

@@ -25,8 +25,8 @@ from typing import Any
 
 import torch
 
-from trainer.algos.advantages import skip_observation_gae
-from trainer.algos.reference import skip_observation_gae_loop, skip_observation_gae_tensor_loop
+from sao.trainer.algos.advantages import skip_observation_gae
+from sao.trainer.algos.reference import skip_observation_gae_loop, skip_observation_gae_tensor_loop
 
 GAMMA, LAM = 0.99, 0.95
 
@@ -116,7 +116,16 @@ def peak_bytes(which: str, batch: int, seq_len: int, obs_frac: float, rows: int,
         skip_observation_gae(x.rewards, x.values, x.action_mask, GAMMA, LAM)
         torch.cuda.synchronize()
         return int(torch.cuda.max_memory_allocated() - base)
-    cmd = [sys.executable, "-m", "benchmarks.bench_algos", which, str(batch), str(seq_len), str(obs_frac), str(rows)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "sao.benchmarks.bench_algos",
+        which,
+        str(batch),
+        str(seq_len),
+        str(obs_frac),
+        str(rows),
+    ]
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=True)
         return int(json.loads(done.stdout.strip().splitlines()[-1])["peak_bytes"])

@@ -25,7 +25,7 @@ from typing import Any
 
 import yaml
 
-from benchmarks.rl_bench_common import deep_update, load_yaml, print_table, write_json
+from sao.benchmarks.rl_bench_common import deep_update, load_yaml, print_table, write_json
 
 SHARED_STAGES = ["collect", "sft", "eval"]
 ARM_STAGES = ["train", "eval"]
@@ -136,7 +136,7 @@ def _finished_run_config(run_dir: Path) -> dict[str, Any]:
 def _staged_child(cfg: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """One staged `sao train` (resumed if its folder holds one, with the command line's ``overrides`` on top of
     its saved config: they reach the stages still to run); returns its summary.json."""
-    from trainer.runs.run import train
+    from sao.trainer.runs.run import train
 
     run_dir = Path(cfg["run"]["dir"])
     if (run_dir / "config.yaml").exists():
@@ -177,8 +177,8 @@ def time_limited(eval_dir: Path, n: int) -> int:
 def arm_result(name: str, summary: dict[str, Any], sft_eval: dict[str, Any], run_dir: Path) -> dict[str, Any]:
     """One arm's row: held-out success before (the shared SFT eval) and after, the paired difference, the RL
     stage's cost and its per-step curves."""
-    from trainer.runs.metrics import read_metrics
-    from trainer.runs.stages import paired_difference
+    from sao.trainer.runs.metrics import read_metrics
+    from sao.trainer.runs.stages import paired_difference
 
     after = summary["evals"][-1]
     train = next(s for s in summary["stages"] if s.get("stage") == "train")
@@ -258,7 +258,7 @@ def table_rows(results: list[dict[str, Any]]) -> tuple[list[str], list[list[str]
 
 def between_arms(results: list[dict[str, Any]], summaries: dict[str, dict[str, Any]]) -> list[str]:
     """Paired differences between arms (same held-out tasks): the first arm minus each other arm."""
-    from trainer.runs.stages import paired_difference
+    from sao.trainer.runs.stages import paired_difference
 
     if len(results) < 2:
         return []
@@ -424,7 +424,7 @@ def pool_seeds(outs: list[Path], echo: Callable[[str], None] = print) -> dict[st
     """Several `sao bench confirm` runs (one seed each) pooled: per arm its paired RL - SFT difference seed by seed
     and over the seeds (``pooled_paired_difference``: per task the mean over seeds, SE over tasks), and the first
     arm minus each other arm the same way. Only arms every run has are pooled."""
-    from trainer.runs.stages import pooled_paired_difference
+    from sao.trainer.runs.stages import pooled_paired_difference
 
     docs = _pool_inputs(outs)
     names = [r["arm"] for r in docs[0]["arms"]]

@@ -70,7 +70,7 @@ def prompt_ids(tok: Any, i: int) -> list[int]:
 async def throughput(
     engine: Any, tok: Any, name: str, cfg: EngineBenchConfig, echo: Any, report: Report
 ) -> list[Result]:
-    from agent.engines.protocols import SamplingParams
+    from sao.agent.engines.protocols import SamplingParams
 
     sp = SamplingParams(max_tokens=cfg.max_tokens, temperature=1.0)
     await engine.generate(prompt_ids(tok, 0), SamplingParams(max_tokens=4))  # warm-up
@@ -87,9 +87,9 @@ async def throughput(
 
 
 async def agent_overhead(engine: Any, tok: Any, name: str, cfg: EngineBenchConfig) -> dict[str, Any]:
-    from agent.loop import AgentConfig
-    from agent.rollout import EpisodeRunner, RunnerConfig, TokenPlayer, episodes_of
-    from envs.token_game import TokenGameEnv
+    from sao.agent.loop import AgentConfig
+    from sao.agent.rollout import EpisodeRunner, RunnerConfig, TokenPlayer, episodes_of
+    from sao.envs.token_game import TokenGameEnv
 
     player = TokenPlayer(engine, tok, AgentConfig(max_action_tokens=8, temperature=1.0))
     worker = EpisodeRunner(lambda: TokenGameEnv(turns=3), player, RunnerConfig(cfg.episode_concurrency, progress=False))
@@ -110,10 +110,10 @@ async def _run(cfg: EngineBenchConfig, echo: Any) -> Report:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from agent.engines.hf_engine import HFEngine
-    from agent.engines.vllm_engine import VLLMEngine
-    from agent.engines.vllm_server import LocalVLLMServer
-    from saocore.paths import smollm2_dir
+    from sao.agent.engines.hf_engine import HFEngine
+    from sao.agent.engines.vllm_engine import VLLMEngine
+    from sao.agent.engines.vllm_server import LocalVLLMServer
+    from sao.core.paths import smollm2_dir
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)

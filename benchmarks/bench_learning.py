@@ -1,7 +1,7 @@
 """`sao bench learning`: the paper's claims at CPU scale, one task per claim, variants side by side.
 
 Each (task, variant, seed) is a real `sao train` run (``trainer.runs.run.train`` in this process) of a tiny model with
-a word-level tokenizer (see ``benchmarks.rl_bench_common``). Before RL the model is made competent by `sao sft` on
+a word-level tokenizer (see ``sao.benchmarks.rl_bench_common``). Before RL the model is made competent by `sao sft` on
 oracle demonstrations (``rl_bench_common.warm_start``, one model per task family and seed, shared by every
 variant of that seed), so a frozen-attention critic inherits attention that already reads the prompt. Tasks,
 families and variants live in ``configs/bench/learning.yaml``; every variant of a task gets the same trajectory
@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.rl_bench_common import (
+from sao.benchmarks.rl_bench_common import (
     bench_run_config,
     deep_update,
     env_texts,
@@ -191,7 +191,7 @@ def run_config(
     if env.get("id") == "sao/OnlineWriting-v0":
         env.setdefault("kwargs", {})["schedule"] = f"bench-{task}-{variant}-{seed}-{time.monotonic_ns()}"
     t = cfg.setdefault("trainer", {})
-    from trainer.algos.registry import get_algorithm
+    from sao.trainer.algos.registry import get_algorithm
 
     register_bench_algorithms()
     if get_algorithm(str(t.get("algorithm", "sao"))).grouped:
@@ -201,7 +201,7 @@ def run_config(
 
 
 def _uses_critic(cfg: dict[str, Any]) -> bool:
-    from trainer.algos.registry import get_algorithm
+    from sao.trainer.algos.registry import get_algorithm
 
     return bool(get_algorithm(str(cfg.get("trainer", {}).get("algorithm", "sao"))).critic)
 

@@ -7,7 +7,7 @@ and the backward pass. The optimizer step is left out (it is the same for both v
 - ``naive``: the model's full logits ``[B, T, V]``, then log-softmax and probabilities over the whole vocabulary,
   as the learner did before ``trainer/algos/logprobs.py``;
 - ``chunked``: the final hidden states, projected and reduced ``chunk_tokens`` rows at a time, recomputed in
-  backward (``trainer.algos.logprobs.token_logprobs``);
+  backward (``sao.trainer.algos.logprobs.token_logprobs``);
 - ``backbone``: the hidden states only (a loss on them, no LM head): the floor both variants share.
 
 Each variant runs in a fresh process: after a short warm-up step (library set-up is not the step's memory) the
@@ -59,12 +59,12 @@ def _load(cfg: MemoryBenchConfig) -> Any:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from saocore.paths import resolve_model_path
+    from sao.core.paths import resolve_model_path
 
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[cfg.dtype]
     path = resolve_model_path(cfg.model)
     if path.startswith("tiny:"):
-        from saocore.tiny_models import build_tiny_model
+        from sao.core.tiny_models import build_tiny_model
 
         model = build_tiny_model(path.split(":", 1)[1], seed=0, max_position_embeddings=max(cfg.seq_len, 2048))
     else:
@@ -86,7 +86,7 @@ def actor_step(model: Any, ids: Any, action_mask: Any, variant: str, chunk_token
     """Forward, logprobs + entropy (with gradient), a DIS-shaped loss with an entropy bonus, backward."""
     import torch
 
-    from trainer.algos.logprobs import chunk_logprobs, token_logprobs
+    from sao.trainer.algos.logprobs import chunk_logprobs, token_logprobs
 
     g = torch.Generator().manual_seed(1)
     adv = torch.randn(ids.shape, generator=g).to(ids.device)  # the generator is a CPU one; ids may be on CUDA
@@ -176,7 +176,7 @@ def measure(cfg: MemoryBenchConfig, variant: str) -> dict[str, Any]:
     if variant not in VARIANTS:
         raise ValueError(f"unknown variant {variant!r}; choose from {', '.join(VARIANTS)}")
     payload = json.dumps({**asdict(cfg), "out": str(cfg.out), "variants": list(cfg.variants)})
-    cmd = [sys.executable, "-m", "benchmarks.bench_memory", variant, payload]
+    cmd = [sys.executable, "-m", "sao.benchmarks.bench_memory", variant, payload]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=cfg.timeout_s)
     if done.returncode != 0:
         tail = "\n".join(done.stderr.strip().splitlines()[-15:])

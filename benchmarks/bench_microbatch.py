@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.rl_bench_common import print_table, write_json
+from sao.benchmarks.rl_bench_common import print_table, write_json
 
 VARIANTS = ("rows", "tokens")
 
@@ -87,7 +87,7 @@ def target_lengths(n: int, min_tokens: int, max_tokens: int, rng: random.Random)
 def synthetic_trajectories(cfg: MicrobatchBenchConfig, tokenizer: Any) -> list[Any]:
     """``cfg.n`` multi-turn episodes of about their target length: prompt, then (tool call, tool output) turns;
     rewards alternate 0/1 so the batch is not uniform (a uniform batch skips the policy step)."""
-    from agent.records import Segment, Trajectory
+    from sao.agent.records import Segment, Trajectory
 
     rng = random.Random(cfg.seed)
     texts = _corpus()
@@ -126,7 +126,7 @@ def synthetic_trajectories(cfg: MicrobatchBenchConfig, tokenizer: Any) -> list[A
 def load_batch(cfg: MicrobatchBenchConfig) -> list[Any]:
     """The batch both variants train on, in its own (unsorted) order."""
     if cfg.trajectories is not None:
-        from trainer.learn.value_pretrain import read_rollouts
+        from sao.trainer.learn.value_pretrain import read_rollouts
 
         trajs = read_rollouts(cfg.trajectories)[: cfg.n]
         if len(trajs) < 2:
@@ -134,7 +134,7 @@ def load_batch(cfg: MicrobatchBenchConfig) -> list[Any]:
         return trajs
     from transformers import AutoTokenizer
 
-    from saocore.paths import smollm2_dir
+    from sao.core.paths import smollm2_dir
 
     return synthetic_trajectories(cfg, AutoTokenizer.from_pretrained(str(smollm2_dir())))
 
@@ -143,7 +143,7 @@ def load_batch(cfg: MicrobatchBenchConfig) -> list[Any]:
 
 
 def _train_config(cfg: MicrobatchBenchConfig, variant: str, n: int, longest: int) -> Any:
-    from trainer.config import config_from_dict
+    from sao.trainer.config import config_from_dict
 
     tokens = 0 if variant == "rows" else cfg.micro_batch_tokens
     model: dict[str, Any] = {"path": cfg.model, "gradient_checkpointing": cfg.gradient_checkpointing}
@@ -162,13 +162,13 @@ def _train_config(cfg: MicrobatchBenchConfig, variant: str, n: int, longest: int
 def _child(cfg: MicrobatchBenchConfig, variant: str) -> dict[str, Any]:
     import torch
 
-    from benchmarks.bench_memory import _status_kib
-    from trainer import distributed
-    from trainer.learn.batch import collate
-    from trainer.learn.deepspeed_engine import shard_batch
-    from trainer.learn.learner import Learner
-    from trainer.learn.models import load_actor, load_critic, load_tokenizer
-    from trainer.learn.value_pretrain import read_rollouts
+    from sao.benchmarks.bench_memory import _status_kib
+    from sao.trainer import distributed
+    from sao.trainer.learn.batch import collate
+    from sao.trainer.learn.deepspeed_engine import shard_batch
+    from sao.trainer.learn.learner import Learner
+    from sao.trainer.learn.models import load_actor, load_critic, load_tokenizer
+    from sao.trainer.learn.value_pretrain import read_rollouts
 
     libc = ctypes.CDLL("libc.so.6")
     libc.mallopt(-3, 64 * 1024)  # M_MMAP_THRESHOLD: big blocks get their own mapping, unmapped on free
@@ -218,7 +218,7 @@ def _child(cfg: MicrobatchBenchConfig, variant: str) -> dict[str, Any]:
 def measure(cfg: MicrobatchBenchConfig, variant: str) -> dict[str, Any]:
     """One variant in a fresh process (see the module docstring)."""
     payload = json.dumps({**asdict(cfg), "out": str(cfg.out), "trajectories": None})
-    cmd = [sys.executable, "-m", "benchmarks.bench_microbatch", variant, payload]
+    cmd = [sys.executable, "-m", "sao.benchmarks.bench_microbatch", variant, payload]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=cfg.timeout_s)
     if done.returncode != 0:
         tail = "\n".join(done.stderr.strip().splitlines()[-15:])

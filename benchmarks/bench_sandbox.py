@@ -16,11 +16,11 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from agent.engines.openai_chat import ChatReply
-from sandboxes.config import PoolConfig, SandboxConfig
-from sandboxes.docker import OWNER_PID_LABEL, DockerSandbox, get_client, run_blocking
-from sandboxes.images import ensure_base_image
-from sandboxes.pool import WarmPool, warm_pools
+from sao.agent.engines.openai_chat import ChatReply
+from sao.sandboxes.config import PoolConfig, SandboxConfig
+from sao.sandboxes.docker import OWNER_PID_LABEL, DockerSandbox, get_client, run_blocking
+from sao.sandboxes.images import ensure_base_image
+from sao.sandboxes.pool import WarmPool, warm_pools
 
 GOAL_EXEC_RATIO = 1.2
 GOAL_ACQUIRE_P50_MS = 50.0
@@ -123,7 +123,7 @@ def owned_containers() -> int:
 
 async def bench_env_reset(cfg: SandboxConfig, n: int) -> dict[str, Any]:
     """``PythonToolEnv.areset`` (the sandbox an episode starts with) cold vs from the episode runner's warm pool."""
-    from envs.python_tool import PythonToolEnv
+    from sao.envs.python_tool import PythonToolEnv
 
     async def reset_once() -> float:
         env = PythonToolEnv(sandbox=cfg, max_steps=2)
@@ -150,9 +150,9 @@ async def run_load(cfg: SandboxConfig, episodes: int, concurrency: int | None = 
     warm pool: completed, lost, episode p50/p95, errors by type, distinct containers, containers left after."""
     from collections import Counter
 
-    from agent.records import Trajectory
-    from agent.rollout import ChatPlayer, Episode, EpisodeRunner, RunnerConfig
-    from envs.python_tool import PythonToolEnv
+    from sao.agent.records import Trajectory
+    from sao.agent.rollout import ChatPlayer, Episode, EpisodeRunner, RunnerConfig
+    from sao.envs.python_tool import PythonToolEnv
 
     runner = EpisodeRunner(
         lambda: PythonToolEnv(sandbox=cfg, max_steps=4, code_timeout=120),
@@ -232,7 +232,7 @@ async def bench_concurrent(cfg: SandboxConfig, episodes: int, commands: int, poo
 async def bench_bwrap(n: int) -> dict[str, Any]:
     if shutil.which("bwrap") is None:
         return {"skipped": "bubblewrap is not installed (apt-get install bubblewrap)"}
-    from sandboxes.bwrap import BwrapSandbox
+    from sao.sandboxes.bwrap import BwrapSandbox
 
     times = []
     async with BwrapSandbox(SandboxConfig(backend="bwrap")) as sb:

@@ -1,7 +1,7 @@
 """`sao bench stability`: long SAO runs at a policy lag >= 4 vs GRPO without DIS under the same lag.
 
 Each (variant, seed) is a real `sao train` run (``trainer.runs.run.train`` in this process) of a tiny word-level model,
-warm-started by `sao sft` on oracle demonstrations (``benchmarks.rl_bench_common.warm_start``), on TokenGame
+warm-started by `sao sft` on oracle demonstrations (``sao.benchmarks.rl_bench_common.warm_start``), on TokenGame
 wrapped in ``sao/Latency-v0`` (a lognormal wait per turn) with many episodes in flight, so trajectories reach the
 trainer several versions old. Variants and sizes live in ``configs/bench/stability.yaml``.
 
@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.rl_bench_common import (
+from sao.benchmarks.rl_bench_common import (
     bench_run_config,
     deep_update,
     env_texts,
@@ -157,7 +157,7 @@ def _warm_env(cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 def _done(run_dir: Path, steps: int) -> list[dict[str, Any]] | None:
-    from trainer.runs.metrics import read_metrics
+    from sao.trainer.runs.metrics import read_metrics
 
     if not (run_dir / "metrics.jsonl").exists():
         return None
@@ -190,7 +190,7 @@ def _worker_init(log: str | None) -> None:
         os.dup2(fd, 2)
         os.close(fd)
         for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT"):
-            os.environ.pop(key, None)  # trainer.distributed.ensure_launch_env picks a free port for this worker
+            os.environ.pop(key, None)  # sao.trainer.distributed.ensure_launch_env picks a free port for this worker
     tiny_model_threads(1)
     register_bench_algorithms()
 
@@ -305,7 +305,7 @@ def report(
     sc: StabilityConfig, spec: dict[str, Any], variants: tuple[str, ...], echo: Callable[[str], None] = print
 ) -> dict[str, Any]:
     """Summaries of every finished or partial run under ``sc.out/runs``, the table, ``stability.json`` and PNG."""
-    from trainer.runs.metrics import read_metrics
+    from sao.trainer.runs.metrics import read_metrics
 
     doc: dict[str, Any] = {
         "benchmark": "stability",

@@ -1,6 +1,6 @@
 """`sao bench staleness`: the staleness bound held by waiting (admission control) vs by dropping, on a run's episodes.
 
-Both policies of ``trainer.staleness_policy`` run the real rollout coordinator (``trainer.rollout.pipeline``) and
+Both policies of ``trainer.staleness_policy`` run the real rollout coordinator (``sao.trainer.rollout.pipeline``) and
 its ledger; what is replayed is the run's own episodes: each episode of the given trajectories file (e.g. the SWE
 job's RL stage ledger) comes back after its recorded wall time (``timings.total_s``) with its recorded length, and
 the trainer takes ``batch_size`` of them per step and spends the run's own step time (the median ``step_s`` of the
@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.rl_bench_common import print_table, write_json
+from sao.benchmarks.rl_bench_common import print_table, write_json
 
 POLICIES = ("wait", "drop")
 
@@ -93,13 +93,13 @@ class Replay:
     recorded length."""
 
     def __init__(self, episodes: Episodes, speedup: float) -> None:
-        from trainer.rollout.pipeline import Coordinator
+        from sao.trainer.rollout.pipeline import Coordinator
 
         self.episodes, self.speedup = episodes, speedup
         self.coord: Coordinator | None = None
 
     async def run_one(self, episode: Any) -> Any:
-        from agent.records import Segment, Trajectory
+        from sao.agent.records import Segment, Trajectory
 
         assert self.coord is not None
         version = self.coord.version
@@ -111,7 +111,7 @@ class Replay:
 
 def read_episodes(path: Path) -> list[tuple[float, int]]:
     """(total_s, tokens) of every trainable episode in ``path``; refuses a file without wall times."""
-    from trainer.learn.value_pretrain import read_rollouts
+    from sao.trainer.learn.value_pretrain import read_rollouts
 
     out = [(float(t.timings.get("total_s") or 0.0), t.num_tokens) for t in read_rollouts(path)]
     out = [(s, n) for s, n in out if s > 0]
@@ -125,7 +125,7 @@ def read_episodes(path: Path) -> list[tuple[float, int]]:
 
 def run_step_s(path: Path) -> float:
     """The median trainer step time of the run whose ledger is ``path`` (its ``metrics.jsonl``)."""
-    from saocore.jsonl import iter_jsonl
+    from sao.core.jsonl import iter_jsonl
 
     metrics = path.parent / "metrics.jsonl"
     if not metrics.is_file():
@@ -169,8 +169,8 @@ def length_bias(finished: list[int], trained: list[int], dropped: list[int]) -> 
 async def replay_one(cfg: StalenessBenchConfig, setting: Setting, policy: str, step_s: float,
                      records: list[tuple[float, int]], ledger: Path) -> dict[str, Any]:  # fmt: skip
     """One policy at one setting: ``cfg.steps`` trainer steps on the real coordinator."""
-    from trainer.rollout.ledger import Ledger, replay
-    from trainer.rollout.pipeline import Coordinator, TaskSource
+    from sao.trainer.rollout.ledger import Ledger, replay
+    from sao.trainer.rollout.pipeline import Coordinator, TaskSource
 
     episodes = Episodes(records, cfg.seed)
     source = Replay(episodes, cfg.speedup)
@@ -213,7 +213,7 @@ async def replay_one(cfg: StalenessBenchConfig, setting: Setting, policy: str, s
 def ledger_lengths(ledger: Path) -> tuple[list[int], list[int], list[int]]:
     """Recorded lengths of the episodes that finished, were trained and were dropped, read back from the ledger
     (every finished episode is written on arrival, its fate as an event)."""
-    from saocore.jsonl import iter_jsonl
+    from sao.core.jsonl import iter_jsonl
 
     tokens: dict[str, int] = {}
     fate: dict[str, list[int]] = {"trained": [], "dropped_stale": []}

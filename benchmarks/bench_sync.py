@@ -51,12 +51,12 @@ async def _run(cfg: SyncBenchConfig, echo: Callable[[str], None]) -> dict[str, A
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from agent.engines.protocols import SamplingParams
-    from agent.engines.vllm_engine import VLLMEngine
-    from agent.engines.vllm_server import LocalVLLMServer
-    from saocore.paths import resolve_model_path
-    from trainer.cluster.weights import BroadcastSync, push
-    from trainer.runs.commands import PushWeights
+    from sao.agent.engines.protocols import SamplingParams
+    from sao.agent.engines.vllm_engine import VLLMEngine
+    from sao.agent.engines.vllm_server import LocalVLLMServer
+    from sao.core.paths import resolve_model_path
+    from sao.trainer.cluster.weights import BroadcastSync, push
+    from sao.trainer.runs.commands import PushWeights
 
     path = resolve_model_path(cfg.model)
     tok = AutoTokenizer.from_pretrained(path)

@@ -15,7 +15,7 @@ same env, and differ only in the scheduling the trainer config selects:
 Measured from each run's metrics.jsonl over the steps after ``warmup_steps`` (the first steps fill the pipeline):
 trajectories trained per second, the trainer's idle fraction (time waiting for a batch / step time, weighted by
 step time), mean policy lag of trained trajectories, dropped-stale counts; ratios against ``sync_grpo``. Inside each
-variant's process ``benchmarks.throughput_probe`` also times the learner's phases (critic values, old-policy
+variant's process ``sao.benchmarks.throughput_probe`` also times the learner's phases (critic values, old-policy
 recompute, actor step, critic steps) and samples the CPU used by the trainer process, the vLLM server, the Docker
 sandboxes and the whole machine, so the report can say which resource binds. A variant may set ``threads`` (torch
 threads of the trainer process, e.g. 1 so that it does not fight the vLLM server for the core that server binds).
@@ -36,8 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks import throughput_probe
-from benchmarks.rl_bench_common import (
+from sao.benchmarks import throughput_probe
+from sao.benchmarks.rl_bench_common import (
     deep_update,
     env_texts,
     load_yaml,
@@ -46,7 +46,7 @@ from benchmarks.rl_bench_common import (
     word_tokenizer,
     write_json,
 )
-from trainer.algos.registry import get_algorithm
+from sao.trainer.algos.registry import get_algorithm
 
 DEFAULT_CONFIG = Path("configs/bench/throughput.yaml")
 BASELINE = "sync_grpo"
@@ -250,7 +250,7 @@ def _train_in_fresh_process(cfg: dict[str, Any], run_dir: Path, threads: int) ->
 def _variant_child(cfg: dict[str, Any], run_dir: Path, threads: int) -> dict[str, Any]:
     import torch
 
-    import benchmarks.latency_env  # noqa: F401  (registers sao/Latency-v0 in the fresh process)
+    import sao.benchmarks.latency_env  # noqa: F401  (registers sao/Latency-v0 in the fresh process)
 
     if threads:
         torch.set_num_threads(threads)
@@ -301,7 +301,7 @@ def _latency(
     first: dict[str, Any], latency: bool, echo: Callable[[str], None]
 ) -> tuple[dict[str, Any], dict[str, float]]:
     """The env's per-turn latency settings and lognormal stats (both empty off the latency env), echoed."""
-    from benchmarks.latency_env import lognormal_stats
+    from sao.benchmarks.latency_env import lognormal_stats
 
     lat: dict[str, Any] = first["env"].get("kwargs", {}) if latency else {}
     stats: dict[str, float] = {}
@@ -408,7 +408,7 @@ def _echo_goal(goal: dict[str, Any], results: dict[str, dict[str, Any]], echo: C
 
 def run(bc: ThroughputConfig, echo: Callable[[str], None] = print) -> dict[str, Any]:
     """Run every variant, print the table, write JSON + PNG; returns the JSON document."""
-    import benchmarks.latency_env  # noqa: F401 - registers sao/Latency-v0 for the runs below
+    import sao.benchmarks.latency_env  # noqa: F401 - registers sao/Latency-v0 for the runs below
 
     spec = load_yaml(bc.config)
     bc.out.mkdir(parents=True, exist_ok=True)

@@ -1,7 +1,7 @@
 """`sao bench value-fit`: what the critic's gradient clip (and learning rate) does to value pretraining, side by
 side in one run on the same rollouts: held-out explained variance and the gradient norm per epoch, per setting.
 
-Each setting fits a fresh critic (``trainer.learn.value_pretrain.fit_critic``, the ``pretrain_value`` stage's own
+Each setting fits a fresh critic (``sao.trainer.learn.value_pretrain.fit_critic``, the ``pretrain_value`` stage's own
 code) on the same fit/held-out split of the rollouts (whole tasks held out), so the rows differ only in the setting.
 """
 
@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainer.config import load_config
-from trainer.learn.value_pretrain import fit_critic, read_rollouts, split_by_task
-from trainer.runs.run_folder import write_json_atomic
+from sao.trainer.config import load_config
+from sao.trainer.learn.value_pretrain import fit_critic, read_rollouts, split_by_task
+from sao.trainer.runs.run_folder import write_json_atomic
 
 
 @dataclass(frozen=True)

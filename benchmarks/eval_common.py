@@ -1,21 +1,21 @@
 """Shared parts of the evaluation CLIs and ``sao collect``: the model SPEC parser, the player each spec makes,
 durable JSONL, tables.
 
-A model SPEC names what plays the episodes (episodes themselves run in ``agent.rollout.EpisodeRunner``). The forms
-are those the registered engines declare (``agent.engines.registry``; the shipped ones in
-``agent.engines.builtin``):
+A model SPEC names what plays the episodes (episodes themselves run in ``sao.agent.rollout.EpisodeRunner``). The forms
+are those the registered engines declare (``sao.agent.engines.registry``; the shipped ones in
+``sao.agent.engines.builtin``):
 
 - ``vllm:http://host:port[,http://...]``: running vLLM server(s), token-in/token-out (``VLLMEngine``); the
   tokenizer comes from ``--tokenizer`` or the model path the server reports.
 - ``local:/path/to/checkpoint``: we launch a ``LocalVLLMServer`` on the checkpoint and stop it at the end.
 - ``hf:/path/to/checkpoint``: in-process transformers (``HFEngine``); for tiny models and CPU smoke runs.
-  ``local:`` and ``hf:`` also take a model alias (``smollm2``, see ``saocore.paths.resolve_model_path``), and a
+  ``local:`` and ``hf:`` also take a model alias (``smollm2``, see ``sao.core.paths.resolve_model_path``), and a
   bare alias (``--model smollm2``) means ``hf:`` on it.
-- ``solver``: the Python-tool arithmetic solver (``agent.engines.solver``; tokenizer from ``--tokenizer``, default
+- ``solver``: the Python-tool arithmetic solver (``sao.agent.engines.solver``; tokenizer from ``--tokenizer``, default
   ``smollm2``): correct tool-use demonstrations from the env itself.
 - ``openai:MODEL@BASE_URL``: any OpenAI-compatible chat endpoint (``OpenAIChatModel``; key from
   ``OPENAI_API_KEY``), e.g. ``openai:gpt-4o-mini@https://api.example.com/v1``.
-- ``scripted:FILE``: a test fixture that replays fixed assistant messages per task (``agent.engines.scripted``):
+- ``scripted:FILE``: a test fixture that replays fixed assistant messages per task (``sao.agent.engines.scripted``):
   a JSONL of ``{"id": <instance or problem id>, "actions": ["<assistant message>", ...]}``; a task with no line in
   the file is an error before anything runs.
 """
@@ -29,12 +29,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agent.engines import registry
-from agent.engines.registry import ModelSpec, ModelSpecError, SpecModel, SpecOptions
-from agent.loop import AgentConfig
-from agent.rollout import ChatPlayer, Player, TokenPlayer
-from saocore.jsonl import iter_jsonl
-from trainer.runs.run_folder import write_json_atomic
+from sao.agent.engines import registry
+from sao.agent.engines.registry import ModelSpec, ModelSpecError, SpecModel, SpecOptions
+from sao.agent.loop import AgentConfig
+from sao.agent.rollout import ChatPlayer, Player, TokenPlayer
+from sao.core.jsonl import iter_jsonl
+from sao.trainer.runs.run_folder import write_json_atomic
 
 SPEC_HELP = registry.spec_help()
 
@@ -80,7 +80,7 @@ class EvalModel:
                 raise EvalError(str(e)) from e
 
     def player(self, *, max_turns: int, render_check_every: int = 0) -> Player:
-        """What plays this model's episodes in ``agent.rollout.EpisodeRunner``."""
+        """What plays this model's episodes in ``sao.agent.rollout.EpisodeRunner``."""
         b = self.built
         if b.engine is not None:
             cfg = AgentConfig(
@@ -140,7 +140,7 @@ async def opened_model(spec: ModelSpec, task_ids: list[str], **build: Any) -> As
 # ---- files ----------------------------------------------------------------------------------------------------
 def append_jsonl(path: Path, record: dict[str, Any]) -> None:
     """Append one JSON line, flushed and fsynced (an interrupted run keeps everything already written)."""
-    from saocore import jsonl
+    from sao.core import jsonl
 
     path.parent.mkdir(parents=True, exist_ok=True)
     jsonl.append_jsonl(path, [record])

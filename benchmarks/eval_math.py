@@ -1,10 +1,10 @@
 """``sao eval math``: a math benchmark (AIME 24/25, IMO-AnswerBench, any file) -> avg@k, pass@k, per-problem CSV.
 
-Each problem is played ``samples`` times (at most ``workers`` episodes at once, ``agent.rollout.EpisodeRunner``),
+Each problem is played ``samples`` times (at most ``workers`` episodes at once, ``sao.agent.rollout.EpisodeRunner``),
 with ``--tools python`` (``PythonToolEnv``: a sandboxed python tool, answer as ``\\boxed{}`` or via ``submit``) or
 ``--tools none`` (``PlainAnswerEnv``: one assistant message, its last ``\\boxed{}`` graded). Grading is math-verify
-in both (``envs.python_tool.grade_answer``). avg@k is the mean fraction of correct samples per problem; pass@k uses the
-unbiased estimator ``1 - C(n-c, k) / C(n, k)``. A sample whose episode hit an infrastructure failure (sandbox,
+in both (``sao.envs.python_tool.grade_answer``). avg@k is the mean fraction of correct samples per problem; pass@k uses
+the unbiased estimator ``1 - C(n-c, k) / C(n, k)``. A sample whose episode hit an infrastructure failure (sandbox,
 engine) is counted apart and left out of ``n`` (never a wrong answer). Written to ``--out``: ``samples.jsonl``
 and ``trajectories.jsonl`` (as each episode finishes, fsynced), ``problems.csv`` and ``report.json``.
 """
@@ -18,8 +18,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from agent.records import Trajectory
-from benchmarks.eval_common import (
+from sao.agent.records import Trajectory
+from sao.benchmarks.eval_common import (
     EvalError,
     append_jsonl,
     opened_model,
@@ -27,7 +27,7 @@ from benchmarks.eval_common import (
     pass_at_k,
     write_json,
 )
-from envs.base import MultiTurnEnv, Turn
+from sao.envs.base import MultiTurnEnv, Turn
 
 PLAIN_SYSTEM_PROMPT = "Solve the problem. Reason step by step, then write the final answer as \\boxed{...}."
 
@@ -75,7 +75,7 @@ class PlainAnswerEnv(MultiTurnEnv):
         return str(task.get("problem", task.get("prompt"))), {"task_id": self._task["id"]}
 
     async def take_turn(self, action: str) -> Turn:
-        from envs.python_tool import grade_answer, last_boxed
+        from sao.envs.python_tool import grade_answer, last_boxed
 
         prediction = (last_boxed(action) or "").strip()
         # A crash or timeout of math-verify raises GraderError: the sample becomes an infra error, never a 0.
@@ -87,7 +87,7 @@ class PlainAnswerEnv(MultiTurnEnv):
 def _env_factory(cfg: MathEvalConfig) -> Callable[[], Any]:
     if cfg.tools == "none":
         return PlainAnswerEnv
-    from agent.rollout import env_factory
+    from sao.agent.rollout import env_factory
 
     return env_factory("sao/PythonTool-v0", {"max_steps": cfg.max_steps})
 
@@ -111,7 +111,7 @@ def sample_row(task: dict[str, Any], k: int, traj: Trajectory) -> dict[str, Any]
 
 async def run_math(cfg: MathEvalConfig) -> dict[str, Any]:
     """Run the evaluation into ``cfg.out``; return the report (also in ``report.json``)."""
-    from envs.datasets import load_math_tasks
+    from sao.envs.datasets import load_math_tasks
 
     spec = parse_model_spec(cfg.model)
     try:
@@ -127,7 +127,7 @@ async def run_math(cfg: MathEvalConfig) -> dict[str, Any]:
     build = dict(tokenizer=cfg.tokenizer, max_context_tokens=cfg.max_context_tokens,
                  max_action_tokens=cfg.max_action_tokens, temperature=cfg.temperature, top_p=cfg.top_p)  # fmt: skip
     async with opened_model(spec, [t["id"] for t in tasks], **build) as model:
-        from agent.rollout import Episode, EpisodeRunner, RunnerConfig
+        from sao.agent.rollout import Episode, EpisodeRunner, RunnerConfig
 
         # Sample k of a problem is reset with seed k; every sample's task id is the problem's.
         plan = [(t, k) for t in tasks for k in range(cfg.samples)]

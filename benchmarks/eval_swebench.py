@@ -1,6 +1,6 @@
 """``sao eval swebench``: run an agent on SWE-bench-format instances in ``SWEEnv``, write predictions, grade, report.
 
-Per instance (at most ``workers`` at once, through ``agent.rollout.EpisodeRunner``): a fresh ``SWEEnv`` episode;
+Per instance (at most ``workers`` at once, through ``sao.agent.rollout.EpisodeRunner``): a fresh ``SWEEnv`` episode;
 when it ends the env has graded the repo's diff in a fresh container with the swebench grading functions (an
 episode cut by the agent's own limits is graded by the env the same way, ``aend``). Written as each instance
 finishes, flushed and fsynced, in ``--out``:
@@ -9,7 +9,7 @@ finishes, flushed and fsynced, in ``--out``:
 instances that already have a prediction and a result (infra failures are retried). ``report.json`` and a table
 sum up: resolved / total, with infrastructure failures (Docker, grader, engine) counted apart from unresolved.
 ``--harness`` also grades the predictions with the official ``swebench.harness.run_evaluation``
-(``benchmarks.eval_harness``); ``--grade-only`` does only that, on an existing predictions file.
+(``sao.benchmarks.eval_harness``); ``--grade-only`` does only that, on an existing predictions file.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from agent.records import Trajectory
-from benchmarks.eval_common import (
+from sao.agent.records import Trajectory
+from sao.benchmarks.eval_common import (
     EvalError,
     EvalModel,
     append_jsonl,
@@ -29,8 +29,8 @@ from benchmarks.eval_common import (
     read_jsonl_records,
     write_json,
 )
-from benchmarks.eval_harness import grade_with_harness, load_predictions
-from envs.datasets import HUB_PROBE_TIMEOUT_S, hub_available
+from sao.benchmarks.eval_harness import grade_with_harness, load_predictions
+from sao.envs.datasets import HUB_PROBE_TIMEOUT_S, hub_available
 
 OFFLINE_ALIAS = "offline"
 
@@ -63,11 +63,11 @@ class SWEEvalConfig:
 # ---- dataset ---------------------------------------------------------------------------------------------------
 def load_swe_dataset(dataset: str, instances: tuple[str, ...] = (), split: str = "test") -> list[dict[str, Any]]:
     """Validated records of a local file, the cached offline task set (``offline``) or a Hugging Face dataset."""
-    from envs.swe.tasks.instance import load_instances, validate_instance
+    from sao.envs.swe.tasks.instance import load_instances, validate_instance
 
     path = Path(dataset).expanduser()
     if dataset == OFFLINE_ALIAS:
-        from envs.swe.tasks import ensure_offline_tasks
+        from sao.envs.swe.tasks import ensure_offline_tasks
 
         records = ensure_offline_tasks()
     elif path.exists() or path.suffix in (".json", ".jsonl", ".parquet"):
@@ -174,7 +174,7 @@ async def run_swebench(cfg: SWEEvalConfig) -> dict[str, Any]:
 
 
 async def _run_all(todo: list[dict[str, Any]], model: EvalModel, cfg: SWEEvalConfig, skipped: int) -> None:
-    from agent.rollout import Episode, EpisodeRunner, RunnerConfig, env_factory
+    from sao.agent.rollout import Episode, EpisodeRunner, RunnerConfig, env_factory
 
     out = cfg.out
     if skipped:

@@ -1,19 +1,20 @@
 """`scripts/gpu_check.sh`'s measurements: one SAO learner step of a dense and an MoE model on one GPU (bf16, ZeRO 0).
 
-For each model (random init, built in memory by ``trainer.learn.models.load_actor`` from a ``tiny:*`` config enlarged
-with ``model.tiny_overrides``; no weights travel):
+For each model (random init, built in memory by ``sao.trainer.learn.models.load_actor`` from a ``tiny:*`` config
+enlarged with ``model.tiny_overrides``; no weights travel):
 
 - peak memory of one actor forward + backward at each sequence length with full-vocabulary logprobs (``naive``), the
-  learner's chunked ones (``chunked``) and none (``backbone``, the floor), by ``benchmarks.bench_memory.actor_step``;
+  learner's chunked ones (``chunked``) and none (``backbone``, the floor), by
+  ``sao.benchmarks.bench_memory.actor_step``;
 - the critic value head's dtype before and after ``deepspeed.initialize`` (the head is built float32 on purpose);
 - one ``Learner.train_step`` (algorithm ``sao``: critic values -> skip-observation GAE -> DIS actor step -> K = 2 critic
   steps with frozen attention) on one trajectory of each length, after a short warm-up step, with the phases timed by
-  ``benchmarks.throughput_probe.time_learner_phases``; tokens/s, model FLOP/s and MFU against the bf16 matmul rate
+  ``sao.benchmarks.throughput_probe.time_learner_phases``; tokens/s, model FLOP/s and MFU against the bf16 matmul rate
   measured first in the same process, and the step's peak memory.
 
 ``--cpu`` runs the same code on this machine's CPU (the default tiny models, short sequences): a dry run that keeps
 the script working between GPU runs. Results go to ``OUT/bench.json`` after every measurement, so a run cut by its
-time limit still leaves what it measured; ``benchmarks.gpu_check_report`` turns them into the table.
+time limit still leaves what it measured; ``sao.benchmarks.gpu_check_report`` turns them into the table.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.gpu_check_flops import FlopShape, step_flops
+from sao.benchmarks.gpu_check_flops import FlopShape, step_flops
 
 QWEN_VOCAB = 151936  # Qwen2/3's vocabulary: what makes full-vocabulary logprobs big
 GPU_MODELS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -148,8 +149,8 @@ def logprob_memory(model: Any, lengths: tuple[int, ...], device: Any) -> list[di
     ``MEMORY_VARIANTS``, chunked as the learner chunks."""
     import torch
 
-    from benchmarks.bench_memory import actor_step
-    from trainer.learn.learner import LOGPROB_CHUNK_TOKENS
+    from sao.benchmarks.bench_memory import actor_step
+    from sao.trainer.learn.learner import LOGPROB_CHUNK_TOKENS
 
     vocab = model.get_output_embeddings().weight.shape[0]
     rows: list[dict[str, Any]] = []
@@ -180,8 +181,8 @@ def trajectory(model: Any, tokens: int, seed: int, device: Any) -> Any:
     reward per turn on its last action token."""
     import torch
 
-    from agent.records import Segment, Trajectory
-    from trainer.algos.logprobs import token_logprobs
+    from sao.agent.records import Segment, Trajectory
+    from sao.trainer.algos.logprobs import token_logprobs
 
     rng = random.Random(seed)
     vocab = model.get_output_embeddings().weight.shape[0]
@@ -211,7 +212,7 @@ def trajectory(model: Any, tokens: int, seed: int, device: Any) -> Any:
 
 def sao_config(model_path: str, overrides: dict[str, Any]) -> Any:
     """SAO with K = 2 critic steps and a frozen-attention critic, bf16 DeepSpeed at ZeRO 0, one sequence a batch."""
-    from trainer.config import config_from_dict
+    from sao.trainer.config import config_from_dict
 
     return config_from_dict(
         {
@@ -224,7 +225,7 @@ def sao_config(model_path: str, overrides: dict[str, Any]) -> Any:
 
 
 def with_torch_adam(ds_config: Callable[..., dict[str, Any]]) -> Callable[..., dict[str, Any]]:
-    """``trainer.learn.deepspeed_engine.ds_config`` with DeepSpeed told to step a torch AdamW: the fallback when its
+    """``sao.trainer.learn.deepspeed_engine.ds_config`` with DeepSpeed told to step a torch AdamW: the fallback when its
     fused Adam op cannot be JIT-built on the GPU machine, so the step can still be timed (and the failure is
     reported)."""
 
@@ -244,8 +245,8 @@ def _optimizer_name(engine: Any) -> str:
 
 def make_learner(cfg: Any, actor: Any, critic: Any, rec: dict[str, Any]) -> Any:
     """The project's learner; if DeepSpeed's fused Adam op fails to build, again with a torch AdamW (recorded)."""
-    import trainer.learn.deepspeed_engine
-    from trainer.learn.learner import Learner
+    import sao.trainer.learn.deepspeed_engine
+    from sao.trainer.learn.learner import Learner
 
     try:
         learner = Learner(cfg, actor, critic, pad_token_id=0)
@@ -253,12 +254,12 @@ def make_learner(cfg: Any, actor: Any, critic: Any, rec: dict[str, Any]) -> Any:
         if "fused_adam" not in traceback.format_exc().lower().replace("fusedadam", "fused_adam"):
             raise
         rec["optimizer_error"] = f"{type(e).__name__}: {e}"[:1000]
-        original = trainer.learn.deepspeed_engine.ds_config
-        trainer.learn.deepspeed_engine.ds_config = with_torch_adam(original)
+        original = sao.trainer.learn.deepspeed_engine.ds_config
+        sao.trainer.learn.deepspeed_engine.ds_config = with_torch_adam(original)
         try:
             learner = Learner(cfg, actor, critic, pad_token_id=0)
         finally:
-            trainer.learn.deepspeed_engine.ds_config = original
+            sao.trainer.learn.deepspeed_engine.ds_config = original
     rec["optimizer"] = _optimizer_name(learner.actor)
     return learner
 
@@ -331,7 +332,7 @@ def values_bf16_rounded(critic: Any, device: Any) -> bool:
 def check_model(name: str, check: CheckConfig, device: Any, t_end: float, peak_tflops: float, rec: dict[str, Any],
                 save: Callable[[], None]) -> None:  # fmt: skip
     """Build one actor + critic, then measure its logprob memory, the head's dtype and its SAO steps into ``rec``."""
-    from trainer.learn.models import load_actor, load_critic
+    from sao.trainer.learn.models import load_actor, load_critic
 
     path, overrides = (CPU_MODELS if check.cpu else GPU_MODELS)[name]
     cfg = sao_config(path, overrides)
@@ -358,8 +359,8 @@ def run(check: CheckConfig, echo: Callable[[str], None] = print) -> dict[str, An
     import torch
     import transformers
 
-    from benchmarks.throughput_probe import time_learner_phases
-    from trainer import distributed
+    from sao.benchmarks.throughput_probe import time_learner_phases
+    from sao.trainer import distributed
 
     t0 = time.monotonic()
     t_end = t0 + check.budget_s

@@ -11,7 +11,7 @@ the same waits. The inner env is built with ``gymnasium.make(inner_id, **inner_k
 delegated to it: rewards, info and limits are the inner env's. ``info["latency_s"]`` carries each step's wait.
 
 Registered on import of this module (benchmarks sit above envs, so ``envs`` cannot register it); a config can
-name it without importing anything first as ``env.id: "benchmarks.latency_env:sao/Latency-v0"``.
+name it without importing anything first as ``env.id: "sao.benchmarks.latency_env:sao/Latency-v0"``.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from typing import Any
 import gymnasium
 import numpy as np
 
-from envs.base import MultiTurnEnv, Turn
-from envs.registration import register_env
+from sao.envs.base import MultiTurnEnv, Turn
+from sao.envs.registration import register_env
 
 ENV_ID = "sao/Latency-v0"
 
@@ -53,7 +53,7 @@ class LatencyEnv(MultiTurnEnv):
             raise ValueError(
                 f"LatencyEnv needs median_s, sigma, max_s, reset_s >= 0, got {median_s}, {sigma}, {max_s}, {reset_s}"
             )
-        import envs  # noqa: F401 - registers the built-in sao/ envs the inner id may name
+        import sao.envs  # noqa: F401 - registers the built-in sao/ envs the inner id may name
 
         inner = gymnasium.make(inner_id, **(inner_kwargs or {})).unwrapped
         if not isinstance(inner, MultiTurnEnv):
@@ -104,7 +104,7 @@ class LatencyEnv(MultiTurnEnv):
 
 register_env(
     ENV_ID,
-    "benchmarks.latency_env:LatencyEnv",
+    "sao.benchmarks.latency_env:LatencyEnv",
     "Any SAO text env with a lognormal (heavy-tailed) wait per turn: the throughput benchmark's workload.",
     nondeterministic=True,
 )

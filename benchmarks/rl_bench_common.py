@@ -31,7 +31,7 @@ def env_texts(env_id: str, kwargs: dict[str, Any], episodes: int = 40, action: s
     """Every text an env shows in ``episodes`` seeded episodes (prompts, observations, system prompt)."""
     import gymnasium
 
-    import envs  # noqa: F401 - registers the sao/ envs
+    import sao.envs  # noqa: F401 - registers the sao/ envs
 
     texts: list[str] = []
     for seed in range(episodes):
@@ -138,8 +138,8 @@ def train_run(cfg: dict[str, Any], run_dir: Path) -> tuple[list[dict[str, Any]],
     """Train one config with the real trainer (``trainer.runs.run.train``) in this process; returns its metrics rows
     and the wall-clock seconds of the whole call. A previous run in ``run_dir`` is replaced (the benchmark owns
     its output folder)."""
-    from trainer.runs.metrics import read_metrics
-    from trainer.runs.run import train
+    from sao.trainer.runs.metrics import read_metrics
+    from sao.trainer.runs.run import train
 
     if run_dir.exists():
         shutil.rmtree(run_dir)
@@ -223,7 +223,7 @@ def write_demonstrations(
 
     import gymnasium
 
-    import envs  # noqa: F401 - registers the sao/ envs
+    import sao.envs  # noqa: F401 - registers the sao/ envs
 
     if env_id not in ORACLES:
         raise ValueError(f"no demonstration oracle for {env_id}; warm starts exist for {sorted(ORACLES)}")
@@ -257,11 +257,11 @@ def write_demonstrations(
 
 def warm_start(cfg: dict[str, Any], spec: dict[str, Any], out_dir: Path) -> Path:
     """Make the tiny model of ``cfg`` competent before RL: demonstrations from the env's oracle, then `sao sft`
-    (``trainer.sft.run.run_sft``, the action-token loss on the agent's own rendering) from ``cfg``'s model and seed.
+    (``sao.trainer.sft.run.run_sft``, the action-token loss on the agent's own rendering) from ``cfg``'s model and seed.
     ``spec``: ``episodes``, ``steps``, ``lr``, ``batch_size`` and ``demo`` (the oracle's settings). Returns the
     fine-tuned model dir (``out_dir/final/actor``, tokenizer included) for ``model.path``. Reuses a finished one."""
-    from trainer.config import config_from_dict
-    from trainer.sft.run import run_sft
+    from sao.trainer.config import config_from_dict
+    from sao.trainer.sft.run import run_sft
 
     final = out_dir / "final" / "actor"
     if (final / "config.json").exists():
@@ -321,7 +321,7 @@ def register_bench_algorithms() -> None:
       ``trainer.max_staleness`` (the clip is around the learner's current weights, nothing corrects for the
       engine's older policy): "GRPO without DIS under the same lag".
     """
-    from trainer.algos.registry import (
+    from sao.trainer.algos.registry import (
         AlgorithmSpec,
         algorithm_names,
         policy_loss_names,
@@ -383,7 +383,7 @@ def warm_start_check(
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from trainer.sft.data import load_examples
+    from sao.trainer.sft.data import load_examples
 
     tok = AutoTokenizer.from_pretrained(str(model_dir))
     model: Any = AutoModelForCausalLM.from_pretrained(str(model_dir))

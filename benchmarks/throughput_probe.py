@@ -29,10 +29,10 @@ _PHASES = {"_values": "values", "_policy_steps": "actor", "_critic_steps": "crit
 
 
 def time_learner_phases() -> None:
-    """Wrap ``trainer.learn.learner.Learner`` (idempotent) so that ``train_step`` returns its phase timings too."""
+    """Wrap ``sao.trainer.learn.learner.Learner`` (idempotent) so that ``train_step`` returns its phase timings too."""
     import torch
 
-    from trainer.learn.learner import Learner
+    from sao.trainer.learn.learner import Learner
 
     if getattr(Learner, "_bench_phase_timers", False):
         return

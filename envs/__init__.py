@@ -4,6 +4,6 @@ Importing this package registers the ids (lazily: no env module is imported unti
 installed packages come in through the ``sao.envs`` entry-point group (``load_plugin_envs``).
 """
 
-from envs.registration import EnvSetupError, list_envs, load_plugin_envs, preflight, register_env
+from sao.envs.registration import EnvSetupError, list_envs, load_plugin_envs, preflight, register_env
 
 __all__ = ["EnvSetupError", "list_envs", "load_plugin_envs", "preflight", "register_env"]

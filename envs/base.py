@@ -9,11 +9,11 @@ Two layers, both meant to be subclassed in a few lines:
 and optionally ``async end_episode()`` (release per-episode resources; called when an episode ends, on the next
 reset and on close), ``async on_truncation(reason) -> Grade | None`` (grade what exists when a limit ends the
 episode, e.g. the SWE env diffs the repo on the step limit; also called by ``aend`` when the agent's own context
-or turn cap ends it), ``system_prompt()`` and ``tool_schemas()``. ``info`` is typed: ``envs.protocols.ResetInfo``
+or turn cap ends it), ``system_prompt()`` and ``tool_schemas()``. ``info`` is typed: ``sao.envs.protocols.ResetInfo``
 and ``StepInfo``.
 
 ``ToolEnv`` (a tool-calling env) implements ``take_turn``: it parses the action with
-``envs.tools.parsing.parse_action``, runs the named tool, and on ``submit`` calls ``grade``. Its hooks:
+``sao.envs.tools.parsing.parse_action``, runs the named tool, and on ``submit`` calls ``grade``. Its hooks:
 - ``async setup(task)``: make the sandbox and whatever the episode needs;
 - ``tools() -> list[Tool]``: the episode's tools (called after ``setup``);
 - ``task_prompt(task) -> str`` and ``system_prompt() -> str``;
@@ -26,10 +26,10 @@ Limits (all end the episode with ``truncated=True`` and ``info["truncation_reaso
 ("step_limit"), ``max_wall_s`` measured from reset ("time_limit"; a turn still running at the deadline is
 cancelled), ``max_format_errors`` consecutive unparseable actions ("format_errors").
 
-Infra errors: a ``sandboxes.protocols.SandboxError`` raised by a hook during a step ends the episode with
+Infra errors: a ``sao.sandboxes.protocols.SandboxError`` raised by a hook during a step ends the episode with
 ``truncated=True``, reward 0 and ``info["infra_error"]`` (the agent marks the trajectory infra_error; it is never
 trained on). During ``reset`` it propagates: there is no episode to mark. A bad task record raises ``ValueError``.
-The policy's failures are scored, never dropped: a ``sandboxes.protocols.SandboxDiedError`` (the sandbox died
+The policy's failures are scored, never dropped: a ``sao.sandboxes.protocols.SandboxDiedError`` (the sandbox died
 during the agent's own command, its backend healthy) ends the episode with ``terminated=True``, reward 0, not
 solved, and ``info["report"] == {"failure": "sandbox_died", "reason": ...}``; the agent keeps it for training.
 
@@ -50,9 +50,9 @@ from typing import Any, TypeVar, cast
 import gymnasium as gym
 import numpy as np
 
-from envs.protocols import FormatError, ResetInfo, StepInfo, Tool, ToolCall, TruncationReason
-from envs.spaces import UnicodeText
-from sandboxes.protocols import SandboxDiedError, SandboxError
+from sao.envs.protocols import FormatError, ResetInfo, StepInfo, Tool, ToolCall, TruncationReason
+from sao.envs.spaces import UnicodeText
+from sao.sandboxes.protocols import SandboxDiedError, SandboxError
 
 T = TypeVar("T")
 
@@ -350,7 +350,7 @@ class ToolEnv(MultiTurnEnv):
         await self.teardown()
 
     async def take_turn(self, action: str) -> Turn:
-        from envs.tools.parsing import parse_action
+        from sao.envs.tools.parsing import parse_action
 
         try:
             call = parse_action(action, fenced=self.fenced)

@@ -9,7 +9,7 @@ from typing import Any
 import gymnasium
 from gymnasium.utils.env_checker import check_env
 
-from envs.registration import list_envs, load_plugin_envs, resolve_env_id
+from sao.envs.registration import list_envs, load_plugin_envs, resolve_env_id
 
 #: envs the checker skips unless named explicitly, with the reason.
 NEEDS_SETUP = {"sao/SWE-v0": "needs an SWE task and Docker; name it with its kwargs to check it"}

@@ -12,7 +12,8 @@ generated ones, files and hub ids their rows as they are (JSON nulls dropped, so
 columns are found among common names (``problem``, ``prompt``, ``question``, ``Problem`` / ``answer``,
 ``Short Answer``, ``final_answer``...) or given with ``problem_key`` / ``answer_key``.
 
-``swe-offline:NAME`` is the training split of a named set of offline SWE tasks (``envs.swe.tasks.offline.TASK_SETS``,
+``swe-offline:NAME`` is the training split of a named set of offline SWE tasks
+(``sao.envs.swe.tasks.offline.TASK_SETS``,
 built and cached on first use) and ``swe-offline:NAME:heldout`` its held-out split; ``held_out_spec(spec)`` names
 the held-out split of a source that has one.
 
@@ -195,7 +196,7 @@ def load_tasks(
     if spec == ARITHMETIC:
         return arithmetic_tasks(num_generated if limit is None else min(limit, num_generated), seed=seed)
     if spec.startswith(SWE_OFFLINE):
-        from envs.swe.tasks.offline import task_set
+        from sao.envs.swe.tasks.offline import task_set
 
         name, _, part = spec[len(SWE_OFFLINE) :].partition(":")
         return task_set(name, part or "train")[:limit]

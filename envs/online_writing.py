@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from envs.base import MultiTurnEnv, Turn
+from sao.envs.base import MultiTurnEnv, Turn
 
 TOPICS = (
     "rain", "coffee", "cats", "trains", "the sea", "winter", "bread", "music", "robots", "gardens",

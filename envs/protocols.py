@@ -1,7 +1,7 @@
 """The env seams: tools the model can call, the parsed action, and the keys envs put in ``info``.
 
 Conventions every SAO env follows (the agent relies on them):
-- An action is the model's raw assistant text. The env parses it with ``envs.tools.parsing.parse_action``:
+- An action is the model's raw assistant text. The env parses it with ``sao.envs.tools.parsing.parse_action``:
   a ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` block (what function-calling chat templates
   emit), or a fenced code block (```bash / ```python) for envs that accept one. Text envs may take the text as-is.
 - An observation is the text of the next message the model will see; ``info["role"]`` says which chat role

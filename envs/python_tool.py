@@ -11,15 +11,15 @@ timeout of math-verify is an infra error (``GraderError``), never a 0.
 Tasks: ``reset(options={"task": {"problem": ..., "answer": ...}})`` (``prompt`` is accepted for ``problem``;
 ``id`` is optional), or drawn by the seeded generator from ``dataset``: ``"arithmetic"`` (generated easy
 problems, the default), a benchmark name (``aime24``, ``aime25``, ``imo_answerbench``), a local file or an HF
-dataset (see ``envs.datasets``), or a list of task records.
+dataset (see ``sao.envs.datasets``), or a list of task records.
 
-Sandbox: ``sandbox`` is a ``sandboxes.config.SandboxConfig`` or a dict of its fields (default: bwrap, no
+Sandbox: ``sandbox`` is a ``sao.sandboxes.config.SandboxConfig`` or a dict of its fields (default: bwrap, no
 network, 1 GiB of memory and 1 GiB of disk, code run as the unprivileged uid 1000); ``sandbox_factory`` (a
 callable returning a Sandbox, or an awaitable of one) overrides it.
-Docker sandboxes come from the episode runner's warm pool (``sandboxes.pool.acquire_sandbox``): a fresh
+Docker sandboxes come from the episode runner's warm pool (``sao.sandboxes.pool.acquire_sandbox``): a fresh
 container per episode, destroyed at its end, started ahead of time. The python tool tells the model how a cell
 ended when its output cannot: killed for memory, at the timeout or for the disk limit, a signal, an exit code
-other than a traceback's 1 (``envs.tools._common.how_it_ended``).
+other than a traceback's 1 (``sao.envs.tools._common.how_it_ended``).
 """
 
 from __future__ import annotations
@@ -32,13 +32,13 @@ from typing import Any
 
 import numpy as np
 
-from envs.base import Grade, ToolEnv
-from envs.protocols import Tool
-from envs.tools.python import PythonTool
-from envs.tools.submit import SubmitTool
-from sandboxes.config import SandboxConfig
-from sandboxes.factory import sandbox_config_from_dict
-from sandboxes.protocols import Sandbox, SandboxError
+from sao.envs.base import Grade, ToolEnv
+from sao.envs.protocols import Tool
+from sao.envs.tools.python import PythonTool
+from sao.envs.tools.submit import SubmitTool
+from sao.sandboxes.config import SandboxConfig
+from sao.sandboxes.factory import sandbox_config_from_dict
+from sao.sandboxes.protocols import Sandbox, SandboxError
 
 SYSTEM_PROMPT = (
     "You solve math problems. You may run Python with the python tool; variables persist between calls. "
@@ -130,7 +130,7 @@ class PythonToolEnv(ToolEnv):
     def tasks(self) -> list[dict[str, Any]]:
         """The dataset's task records (loaded on first use)."""
         if self._tasks is None:
-            from envs.datasets import arithmetic_tasks, load_math_tasks
+            from sao.envs.datasets import arithmetic_tasks, load_math_tasks
 
             if isinstance(self.dataset, list):
                 self._tasks = list(self.dataset)
@@ -169,7 +169,7 @@ class PythonToolEnv(ToolEnv):
         if self._factory is not None:
             made = self._factory()
         else:
-            from sandboxes.pool import acquire_sandbox
+            from sao.sandboxes.pool import acquire_sandbox
 
             assert self.sandbox_cfg is not None
             made = acquire_sandbox(self.sandbox_cfg)

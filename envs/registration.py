@@ -18,9 +18,9 @@ from typing import Any
 
 import gymnasium
 
-from sandboxes.backend import check_backend
-from sandboxes.config import SandboxConfig
-from sandboxes.protocols import SandboxUnavailableError
+from sao.sandboxes.backend import check_backend
+from sao.sandboxes.config import SandboxConfig
+from sao.sandboxes.protocols import SandboxUnavailableError
 
 NAMESPACE = "sao"
 PLUGIN_GROUP = "sao.envs"
@@ -165,26 +165,26 @@ def preflight(env_id: str, kwargs: dict[str, Any] | None = None) -> None:
 def _register_builtins() -> None:
     register_env(
         "sao/PythonTool-v0",
-        "envs.python_tool:PythonToolEnv",
+        "sao.envs.python_tool:PythonToolEnv",
         "Math problems solved with a sandboxed notebook-like python tool, graded by math-verify on the last \\boxed{}.",
         # Tool timings in info and sandbox wall clocks differ between identical runs.
         nondeterministic=True,
     )
     register_env(
         "sao/OnlineWriting-v0",
-        "envs.online_writing:OnlineWritingEnv",
+        "sao.envs.online_writing:OnlineWritingEnv",
         "Short writing tasks scored by a deterministic style judge whose preferred style shifts every N episodes.",
         # The judge's style depends on a shared episode counter, not only on the seed.
         nondeterministic=True,
     )
     register_env(
         "sao/TokenGame-v0",
-        "envs.token_game:TokenGameEnv",
+        "sao.envs.token_game:TokenGameEnv",
         "Toy multi-turn game: answer each turn with the symbol the shown one determines (learning tests).",
     )
     register_env(
         "sao/SWE-v0",
-        "envs.swe.env:SWEEnv",
+        "sao.envs.swe.env:SWEEnv",
         "SWE-bench-format repo repair in a Docker sandbox (bash, editor, submit), graded by the swebench harness.",
         nondeterministic=True,
     )

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from envs.base import MultiTurnEnv, Turn
+from sao.envs.base import MultiTurnEnv, Turn
 
 _PUNCT = " \t\n.,;:!?\"'`()[]{}<>*"
 

@@ -3,14 +3,14 @@ from it) and ``images.py`` (task images are built on it), which both import it f
 
 from __future__ import annotations
 
-from sandboxes.protocols import ImageNotFoundError
+from sao.sandboxes.protocols import ImageNotFoundError
 
 
 def ensure_base_image() -> str:
     """The tag of the offline base image, importing it from the cached tarball (or building it with debootstrap,
     ~2 min, first time only) when the daemon lacks it. Raises ``ImageNotFoundError`` when that cannot work."""
-    from saocore.setup import SetupError
-    from saocore.setup import ensure_base_image as setup_base
+    from sao.core.setup import SetupError
+    from sao.core.setup import ensure_base_image as setup_base
 
     try:
         return setup_base()

@@ -51,9 +51,9 @@ from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
-from sandboxes.config import SandboxConfig
-from sandboxes.output import OutputCapper
-from sandboxes.protocols import ExecResult, SandboxError, SandboxUnavailableError
+from sao.sandboxes.config import SandboxConfig
+from sao.sandboxes.output import OutputCapper
+from sao.sandboxes.protocols import ExecResult, SandboxError, SandboxUnavailableError
 
 WORK_MOUNT = "/work"
 _PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"

@@ -65,9 +65,9 @@ import docker
 import docker.errors
 import requests
 
-from sandboxes.config import SandboxConfig
-from sandboxes.output import OutputCapper
-from sandboxes.protocols import (
+from sao.sandboxes.config import SandboxConfig
+from sao.sandboxes.output import OutputCapper
+from sao.sandboxes.protocols import (
     ExecResult,
     ImageNotFoundError,
     SandboxDiedError,
@@ -123,7 +123,7 @@ def _unavailable(host: str | None, e: BaseException) -> SandboxUnavailableError:
     where = host or os.environ.get("DOCKER_HOST") or "the local socket (/var/run/docker.sock)"
     return SandboxUnavailableError(
         f"the Docker daemon at {where} cannot be reached ({type(e).__name__}: {e}); start dockerd "
-        "(`python -m saocore.setup docker`) or point DOCKER_HOST at a running daemon, or use sandbox.backend=bwrap"
+        "(`python -m sao.core.setup docker`) or point DOCKER_HOST at a running daemon, or use sandbox.backend=bwrap"
     )
 
 
@@ -286,7 +286,7 @@ class DockerSandbox:
         _remove_pending(client, _host_key(cfg.docker_host))
         image = cfg.image
         if image is None:
-            from sandboxes.base_image import ensure_base_image
+            from sao.sandboxes.base_image import ensure_base_image
 
             image = ensure_base_image()
         all_labels = {
@@ -322,8 +322,8 @@ class DockerSandbox:
             )
         except docker.errors.ImageNotFound as e:
             raise ImageNotFoundError(
-                f"image {image!r} is not on the Docker host; build it with sandboxes.images.build_task_image "
-                "(or `python -m saocore.setup image` for the base image)"
+                f"image {image!r} is not on the Docker host; build it with sao.sandboxes.images.build_task_image "
+                "(or `python -m sao.core.setup image` for the base image)"
             ) from e
         except docker.errors.APIError as e:
             raise SandboxError(f"could not create a container from {image!r}: {e.explanation or e}") from e

@@ -12,9 +12,9 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import fields
 from typing import Any, Protocol
 
-from sandboxes.backend import make_sandbox
-from sandboxes.config import PoolConfig, SandboxConfig
-from sandboxes.protocols import Sandbox
+from sao.sandboxes.backend import make_sandbox
+from sao.sandboxes.config import PoolConfig, SandboxConfig
+from sao.sandboxes.protocols import Sandbox
 
 
 def sandbox_config_from_dict(data: Mapping[str, Any]) -> SandboxConfig:
@@ -64,7 +64,7 @@ class DirectProvider:
 async def make_provider(cfg: SandboxConfig, pool: PoolConfig | None = None) -> SandboxProvider:
     """A started ``WarmPool`` for Docker (``pool`` sizes), a ``DirectProvider`` for bwrap."""
     if cfg.backend == "docker":
-        from sandboxes.pool import WarmPool
+        from sao.sandboxes.pool import WarmPool
 
         return await WarmPool(cfg, pool).start()
     return DirectProvider(cfg)

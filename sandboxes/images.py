@@ -2,7 +2,7 @@
 
 Use from a task builder (e.g. ``envs/swe``)::
 
-    from sandboxes.images import build_task_image, ensure_base_image, pip_offline_lines
+    from sao.sandboxes.images import build_task_image, ensure_base_image, pip_offline_lines
 
     tag = build_task_image(
         "sao-task-click",                      # repository part of the tag
@@ -37,9 +37,9 @@ from typing import Any
 import docker.errors
 import requests
 
-from sandboxes.base_image import ensure_base_image as ensure_base_image  # exported here too (callers, the docs)
-from sandboxes.docker import get_client
-from sandboxes.protocols import ImageNotFoundError, SandboxError
+from sao.sandboxes.base_image import ensure_base_image as ensure_base_image  # exported here too (callers, the docs)
+from sao.sandboxes.docker import get_client
+from sao.sandboxes.protocols import ImageNotFoundError, SandboxError
 
 ContextSource = Path | str | bytes
 _TAG_REPO_RE = re.compile(r"^[a-z0-9]+(?:[._-][a-z0-9]+)*(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*$")
@@ -61,7 +61,7 @@ def ensure_image(tag: str, docker_host: str | None = None, pull: bool = True) ->
     ``ImageNotFoundError`` says which of the three failed and how to build the image instead."""
     if image_exists(tag, docker_host):
         return tag
-    from saocore.setup import BASE_IMAGE_NAME
+    from sao.core.setup import BASE_IMAGE_NAME
 
     if tag.split(":")[0] == BASE_IMAGE_NAME:
         return ensure_base_image()
@@ -74,7 +74,7 @@ def ensure_image(tag: str, docker_host: str | None = None, pull: bool = True) ->
             pull_error = str(e)
     raise ImageNotFoundError(
         f"image {tag!r} is not on the Docker host and could not be pulled ({pull_error}); build it offline with "
-        "sandboxes.images.build_task_image(...) or check the tag"
+        "sao.sandboxes.images.build_task_image(...) or check the tag"
     )
 
 

@@ -22,7 +22,7 @@ containers nobody uses), never more than the episodes a finite run has left to s
 the ``max_warm`` most recently used configs keep idle containers. Leaving the
 block removes every container of its pools. Outside such a block, and for bwrap, ``acquire_sandbox`` starts a
 sandbox cold. ``use_pools(pools)`` installs a given set instead (the Ray backend's client of its node's sandbox
-host, ``trainer.cluster.sandbox_host``: the containers then live in that actor).
+host, ``sao.trainer.cluster.sandbox_host``: the containers then live in that actor).
 """
 
 from __future__ import annotations
@@ -34,10 +34,10 @@ import weakref
 from collections import OrderedDict
 from collections.abc import AsyncIterator
 
-from sandboxes.backend import make_sandbox
-from sandboxes.config import PoolConfig, SandboxConfig
-from sandboxes.docker import DockerSandbox, reap_orphans, run_blocking
-from sandboxes.protocols import Sandbox, SandboxError
+from sao.sandboxes.backend import make_sandbox
+from sao.sandboxes.config import PoolConfig, SandboxConfig
+from sao.sandboxes.docker import DockerSandbox, reap_orphans, run_blocking
+from sao.sandboxes.protocols import Sandbox, SandboxError
 
 _HOST_LIMITS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[str, int], asyncio.Semaphore]] = (
     weakref.WeakKeyDictionary()

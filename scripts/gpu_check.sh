@@ -115,5 +115,5 @@ PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 part tests "$TESTS_S" "$PY" -m pytest -p pytest
 bench_args=(--out "$OUT")
 [ "$mode" = cpu ] && bench_args+=(--cpu)
 left=$((BUDGET - SECONDS - 15))
-part bench "$BENCH_S" "$PY" -m benchmarks.gpu_check "${bench_args[@]}" --budget-s $(((BENCH_S < left ? BENCH_S : left) - 30))
-"$PY" -m benchmarks.gpu_check_report --out "$OUT" --parts "$parts"
+part bench "$BENCH_S" "$PY" -m sao.benchmarks.gpu_check "${bench_args[@]}" --budget-s $(((BENCH_S < left ? BENCH_S : left) - 30))
+"$PY" -m sao.benchmarks.gpu_check_report --out "$OUT" --parts "$parts"

@@ -44,4 +44,4 @@ else
 fi
 
 # 2-5. Docker engine, base image, SmolLM2, bubblewrap, DeepSpeed ops (each skipped when already done).
-.venv/bin/python -m saocore.setup all
+.venv/bin/python -m sao.core.setup all

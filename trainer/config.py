@@ -12,8 +12,8 @@ from typing import Any
 
 import yaml
 
-from agent.engines.registry import WEIGHT_SYNC_KINDS, engine_spec, engines, trainable_engines
-from trainer.algos.registry import (
+from sao.agent.engines.registry import WEIGHT_SYNC_KINDS, engine_spec, engines, trainable_engines
+from sao.trainer.algos.registry import (
     AlgorithmSpec,
     advantage_names,
     advantage_traits,
@@ -97,7 +97,7 @@ class TrainerConfig:
 
     algorithm: str = "sao"
     """A registered algorithm: sao (default), grpo, grpo_dis, ppo (VAPO-style), running_mean, or one added with
-    ``trainer.algos.registry.register_algorithm`` (see docs/register_algorithm.md)."""
+    ``sao.trainer.algos.registry.register_algorithm`` (see docs/register_algorithm.md)."""
     advantage: str | None = None
     """Override the algorithm's advantage estimator, e.g. ``gae`` (token-level GAE that steps through observation
     tokens) for the ablation against skip-observation GAE; null = the algorithm's own."""
@@ -178,7 +178,7 @@ class RolloutConfig:
     """How episodes are produced."""
 
     engine: str = "hf"
-    """An engine of ``agent.engines.registry``: ``hf`` (in-process transformers, follows the trainer's weights) or
+    """An engine of ``sao.agent.engines.registry``: ``hf`` (in-process transformers, follows the trainer's weights) or
     ``vllm`` (servers), or one registered from outside the package (docs/register_engine.md)."""
     vllm_urls: list[str] = field(default_factory=list)
     """vllm: server URLs; empty = launch one local server on the actor."""
@@ -502,7 +502,7 @@ class Config:
         if spec.policy_loss not in policy_loss_names():
             raise ConfigError(
                 f"trainer.algorithm {spec.name!r} names the policy loss {spec.policy_loss!r}, which is not registered; "
-                f"register it (trainer.algos.registry.register_policy_loss) before loading the config"
+                f"register it (sao.trainer.algos.registry.register_policy_loss) before loading the config"
             )
         est = self.advantage_estimator
         if est not in advantage_names():
@@ -591,7 +591,7 @@ def _stage_checks(cfg: Config) -> list[tuple[bool, str]]:
 
 
 def _engine_checks(cfg: Config) -> list[tuple[bool, str]]:
-    """What ``rollout.engine``'s registry entry (``agent.engines.registry``) allows: training with it at all, the
+    """What ``rollout.engine``'s registry entry (``sao.agent.engines.registry``) allows: training with it at all, the
     restricted vocabulary, the weight-sync kind, Ray placement; and what the stages' engine can play."""
     r, c = cfg.rollout, cfg.cluster
     usable = ", ".join(trainable_engines())

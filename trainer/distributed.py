@@ -20,7 +20,7 @@ def _free_port() -> int:
 def ensure_launch_env() -> None:
     """Fill RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/MASTER_PORT for an unlaunched run (DeepSpeed would otherwise
     try MPI discovery), and point TORCH_EXTENSIONS_DIR at SAO's cache so JIT ops are built once per machine."""
-    from saocore.paths import torch_extensions_dir
+    from sao.core.paths import torch_extensions_dir
 
     if "RANK" not in os.environ:
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")

@@ -1,4 +1,4 @@
-"""The shipped engines' registrations (``agent.engines.registry``); each builder imports its engine when called,
+"""The shipped engines' registrations (``sao.agent.engines.registry``); each builder imports its engine when called,
 so looking an engine up (a config check) loads neither torch nor an HTTP client.
 
 - ``hf``: in-process transformers on the caller's model (``HFEngine``; ``LocalEngine`` when sampling is restricted
@@ -18,8 +18,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from agent.engines.protocols import Engine
-from agent.engines.registry import (
+from sao.agent.engines.protocols import Engine
+from sao.agent.engines.registry import (
     InProcessArgs,
     ModelSpec,
     ModelSpecError,
@@ -35,7 +35,7 @@ from agent.engines.registry import (
 
 def _model_dir(text: str, target: str) -> str:
     """The model directory ``target`` names (a directory or an alias such as ``smollm2``)."""
-    from saocore.paths import resolve_model_path
+    from sao.core.paths import resolve_model_path
 
     path = resolve_model_path(target)
     if not Path(path, "config.json").is_file():
@@ -46,17 +46,17 @@ def _model_dir(text: str, target: str) -> str:
 # ---- hf ---------------------------------------------------------------------------------------------------------
 def _hf_in_process(a: InProcessArgs) -> Engine:
     if a.allowed_token_ids:
-        from agent.engines.local_engine import LocalEngine
+        from sao.agent.engines.local_engine import LocalEngine
 
         return LocalEngine(a.model, list(a.allowed_token_ids), version=a.version)
-    from agent.engines.hf_engine import HFEngine
+    from sao.agent.engines.hf_engine import HFEngine
 
     return HFEngine(a.model, tokenizer=a.tokenizer, version=a.version, seed=a.seed)
 
 
 def _hf_parse(text: str, target: str) -> ModelSpec:
     if ":" not in text:  # a bare alias: say the alias names nothing yet, not that a directory is wrong
-        from saocore.paths import resolve_model_path
+        from sao.core.paths import resolve_model_path
 
         path = resolve_model_path(target)
         if not Path(path, "config.json").is_file():
@@ -68,7 +68,7 @@ def _hf_parse(text: str, target: str) -> ModelSpec:
 
 
 async def _hf_build(spec: ModelSpec, o: SpecOptions) -> SpecModel:
-    from agent.engines.hf_engine import HFEngine
+    from sao.agent.engines.hf_engine import HFEngine
 
     engine = await asyncio.to_thread(HFEngine, spec.path)
     limit = getattr(engine.model.config, "max_position_embeddings", None)
@@ -91,13 +91,13 @@ register_engine(
 
 # ---- vllm -------------------------------------------------------------------------------------------------------
 def _vllm_serve(a: ServeArgs) -> Server:
-    from agent.engines.vllm_server import LocalVLLMServer
+    from sao.agent.engines.vllm_server import LocalVLLMServer
 
     return LocalVLLMServer.start(a.model_dir, host=a.host, log_path=a.log_path, max_model_len=a.max_model_len)
 
 
 def _vllm_connect(urls: Sequence[str], servers: Sequence[Server]) -> Engine:
-    from agent.engines.vllm_engine import VLLMEngine
+    from sao.agent.engines.vllm_engine import VLLMEngine
 
     return VLLMEngine(urls, servers=servers)
 
@@ -161,14 +161,14 @@ register_engine(
 
 # ---- demonstrators ----------------------------------------------------------------------------------------------
 def _solver(tokenizer: Any, tasks: list[dict[str, Any]]) -> Engine:
-    from agent.engines.solver import SolverEngine
+    from sao.agent.engines.solver import SolverEngine
 
     return SolverEngine(tokenizer)
 
 
 async def _solver_build(spec: ModelSpec, o: SpecOptions) -> SpecModel:
-    from agent.engines.solver import SolverEngine
-    from saocore.paths import resolve_model_path
+    from sao.agent.engines.solver import SolverEngine
+    from sao.core.paths import resolve_model_path
 
     tokenizer = load_tokenizer(o.tokenizer or resolve_model_path("smollm2"))
     return SpecModel(engine=SolverEngine(tokenizer), tokenizer=tokenizer)
@@ -183,7 +183,7 @@ register_engine(
 
 
 def _swe_demonstrator(tokenizer: Any, tasks: list[dict[str, Any]]) -> Engine:
-    from agent.engines.swe_demonstrator import SWEDemonstratorEngine
+    from sao.agent.engines.swe_demonstrator import SWEDemonstratorEngine
 
     return SWEDemonstratorEngine(tokenizer, tasks)
 
@@ -206,7 +206,7 @@ def _openai_parse(text: str, target: str) -> ModelSpec:
 
 
 async def _openai_build(spec: ModelSpec, o: SpecOptions) -> SpecModel:
-    from agent.engines.openai_chat import OpenAIChatModel
+    from sao.agent.engines.openai_chat import OpenAIChatModel
 
     chat = OpenAIChatModel(spec.base_url, spec.model, temperature=o.temperature, max_tokens=o.max_action_tokens)
     return SpecModel(chat=chat)
@@ -227,7 +227,7 @@ def _scripted_parse(text: str, target: str) -> ModelSpec:
 
 
 async def _scripted_build(spec: ModelSpec, o: SpecOptions) -> SpecModel:
-    from agent.engines.scripted import ScriptedChat, load_script
+    from sao.agent.engines.scripted import ScriptedChat, load_script
 
     script = load_script(spec.path)
 

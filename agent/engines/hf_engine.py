@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent.engines.protocols import EngineError, Generation, SamplingParams
+from sao.agent.engines.protocols import EngineError, Generation, SamplingParams
 
 
 @dataclass
@@ -169,7 +169,7 @@ class HFEngine:
             self._version = version
 
     async def update_weights(self, checkpoint_dir: str, version: int) -> None:
-        from agent.engines.vllm_worker_ext import iter_safetensors
+        from sao.agent.engines.vllm_worker_ext import iter_safetensors
 
         state = await asyncio.to_thread(lambda: dict(iter_safetensors(checkpoint_dir)))
         params = set(self.model.state_dict().keys())

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from agent.engines.protocols import EngineError, Generation, SamplingParams
+from sao.agent.engines.protocols import EngineError, Generation, SamplingParams
 
 
 def restrict_logits(logits: torch.Tensor, allowed: torch.Tensor | None) -> torch.Tensor:

@@ -1,7 +1,7 @@
 """OpenAIChatModel: any OpenAI-compatible chat endpoint (text + function calling), for evaluation only.
 
 It returns text and tool calls, never token ids or sampling logprobs, so it cannot produce trainable
-trajectories: ``generate``/``update_weights`` raise ``NotTrainableError``. Use ``agent.chat_loop.run_chat_episode``
+trajectories: ``generate``/``update_weights`` raise ``NotTrainableError``. Use ``sao.agent.chat_loop.run_chat_episode``
 with it (``sao eval``). Tool calls are turned into the ``<tool_call>{json}</tool_call>`` text that env parsers read.
 """
 
@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 
-from agent.engines.protocols import EngineError, Generation, SamplingParams
+from sao.agent.engines.protocols import EngineError, Generation, SamplingParams
 
 
 class NotTrainableError(TypeError):

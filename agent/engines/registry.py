@@ -13,7 +13,7 @@ placement, staged runs, ``collect`` stages and the eval ``--model`` specs read t
 * ``specs``: the ``--model KIND:TARGET`` forms it answers to (``SpecForm``: parse the target, build the model);
 * ``demonstrator``: builds it for a ``collect`` stage from the tasks its episodes will play.
 
-The shipped engines register in ``agent.engines.builtin`` (imported with the package, so every lookup sees them);
+The shipped engines register in ``sao.agent.engines.builtin`` (imported with the package, so every lookup sees them);
 an engine from outside the package is one module that calls ``register_engine`` (docs/register_engine.md).
 """
 
@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from agent.engines.protocols import Engine
+from sao.agent.engines.protocols import Engine
 
 WEIGHT_SYNC_KINDS = ("checkpoint", "broadcast")
 
@@ -232,7 +232,7 @@ def spec_help() -> str:
 
 def parse_model_spec(text: str) -> ModelSpec:
     """Parse ``--model``; an unknown or malformed spec raises ``ModelSpecError`` listing the accepted forms."""
-    from saocore.paths import MODEL_ALIASES
+    from sao.core.paths import MODEL_ALIASES
 
     forms = {f.kind: f for f in spec_forms()}
     word = text.strip()
@@ -263,7 +263,7 @@ def load_tokenizer(source: str) -> Any:
     """The tokenizer of a model directory or alias (``smollm2``); a failure names ``--tokenizer`` as the fix."""
     from transformers import AutoTokenizer
 
-    from saocore.paths import resolve_model_path
+    from sao.core.paths import resolve_model_path
 
     path = resolve_model_path(source)
     try:

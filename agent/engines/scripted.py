@@ -12,10 +12,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from agent.engines.openai_chat import ChatReply
-from agent.engines.protocols import EngineError, Generation, SamplingParams
-from agent.engines.registry import ModelSpecError
-from saocore.jsonl import iter_jsonl
+from sao.agent.engines.openai_chat import ChatReply
+from sao.agent.engines.protocols import EngineError, Generation, SamplingParams
+from sao.agent.engines.registry import ModelSpecError
+from sao.core.jsonl import iter_jsonl
 
 
 class ScriptedEngine:

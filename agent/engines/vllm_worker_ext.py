@@ -1,7 +1,7 @@
 """A vLLM worker extension (mixed into each vLLM worker) that reloads weights in place: from a safetensors
-checkpoint, or received in memory from the trainer over a process group (``agent.engines.weight_sync``).
+checkpoint, or received in memory from the trainer over a process group (``sao.agent.engines.weight_sync``).
 
-Loaded with ``--worker-extension-cls agent.engines.vllm_worker_ext.SAOWorkerExtension`` and called over the dev
+Loaded with ``--worker-extension-cls sao.agent.engines.vllm_worker_ext.SAOWorkerExtension`` and called over the dev
 ``POST /collective_rpc`` endpoint (``VLLM_SERVER_DEV_MODE=1``). Method names carry a ``sao_`` prefix because
 vLLM refuses an extension whose names clash with the worker's.
 
@@ -61,7 +61,7 @@ class SAOWorkerExtension:
 
         import torch
 
-        from agent.engines.weight_sync import SyncPlan, destroy_group, init_group, receive
+        from sao.agent.engines.weight_sync import SyncPlan, destroy_group, init_group, receive
 
         t0 = time.perf_counter()
         p = SyncPlan.from_dict(json.loads(plan) if isinstance(plan, str) else plan)

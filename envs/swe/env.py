@@ -4,12 +4,12 @@ An episode: a DockerSandbox (no network) from the instance's image, the repo at 
 the problem statement; the tools are ``bash``, ``str_replace_editor`` and ``submit``. On ``submit`` (or when a
 limit ends the episode) the env takes ``git diff`` of the repo against ``base_commit`` (new files included, test
 files excluded), runs the instance's eval script in a FRESH container from the same image with that patch applied
-(``envs.swe.grading.grade_patch``) and grades the log with ``swebench.harness.grading.get_eval_report``.
+(``sao.envs.swe.grading.grade_patch``) and grades the log with ``swebench.harness.grading.get_eval_report``.
 Reward 1.0 if resolved else 0.0; ``info["report"]`` is the swebench report of the instance plus the graded patch.
 A Docker failure (sandbox or grader) ends the episode with ``info["infra_error"]``, never a reward of 0.
 
 No reachable fix: our offline task images hold a one-commit repository and no copy of the package's original source
-(``envs.swe.tasks.images``; ``tests/integration/swe/test_task_integrity.py`` audits every image the builder makes).
+(``sao.envs.swe.tasks.images``; ``tests/integration/swe/test_task_integrity.py`` audits every image the builder makes).
 Images made elsewhere (the official SWE-bench ones) may keep history past ``base_commit``: images built by older
 harness versions keep the whole clone (later commits reachable from tags, remote refs and the reflog, the fix among
 them); the current harness deletes later tags, expires the reflog and prunes. So for any image not built here,
@@ -37,7 +37,7 @@ harness does, on every test.
 
 Tasks: ``reset(options={"task": record})`` or drawn by seed from ``tasks`` (a JSONL/JSON path or a list of
 records). Records are validated up front (``ValueError`` naming the field). Our offline tasks come from
-``sao tasks build`` / ``envs.swe.tasks.ensure_offline_tasks``; official SWE-bench Verified records name their
+``sao tasks build`` / ``sao.envs.swe.tasks.ensure_offline_tasks``; official SWE-bench Verified records name their
 published images, which are pulled when missing and a registry is reachable.
 """
 
@@ -52,13 +52,13 @@ from typing import Any
 
 import numpy as np
 
-from envs.base import Grade, ToolEnv, Turn
-from envs.protocols import Tool
-from envs.tools.bash import BashTool
-from envs.tools.editor import EditorTool
-from envs.tools.submit import SubmitTool
-from sandboxes.config import SandboxConfig
-from sandboxes.protocols import ImageNotFoundError, Sandbox, SandboxError
+from sao.envs.base import Grade, ToolEnv, Turn
+from sao.envs.protocols import Tool
+from sao.envs.tools.bash import BashTool
+from sao.envs.tools.editor import EditorTool
+from sao.envs.tools.submit import SubmitTool
+from sao.sandboxes.config import SandboxConfig
+from sao.sandboxes.protocols import ImageNotFoundError, Sandbox, SandboxError
 
 REPO_DIR = "/testbed"
 PATCH_FILE = "/tmp/sao_model.patch"
@@ -142,7 +142,7 @@ class SWEEnv(ToolEnv):
             raise ValueError(f"SWEEnv: pass_to_pass_sample={pass_to_pass_sample}; use a count >= 0, or null for all")
         self.max_obs_lines, self.max_line_chars = int(max_obs_lines), int(max_line_chars)
         self.pass_to_pass_sample = pass_to_pass_sample
-        from envs.swe.tasks.instance import load_instances, validate_instance
+        from sao.envs.swe.tasks.instance import load_instances, validate_instance
 
         if tasks is None:
             self._tasks: list[dict[str, Any]] = []
@@ -153,7 +153,7 @@ class SWEEnv(ToolEnv):
         if sandbox is None:
             sandbox = SandboxConfig(backend="docker", mem_limit="4g", cpus=2.0, pids_limit=1024)
         elif isinstance(sandbox, dict):
-            from sandboxes.factory import sandbox_config_from_dict
+            from sao.sandboxes.factory import sandbox_config_from_dict
 
             sandbox = sandbox_config_from_dict(sandbox)
         if sandbox.backend != "docker":
@@ -173,7 +173,7 @@ class SWEEnv(ToolEnv):
         return self._tasks[int(rng.integers(len(self._tasks)))]
 
     def parse_task(self, task: Any) -> dict[str, Any]:
-        from envs.swe.tasks.instance import validate_instance, with_official_image
+        from sao.envs.swe.tasks.instance import validate_instance, with_official_image
 
         if isinstance(task, dict):
             task = with_official_image(task)
@@ -201,7 +201,7 @@ class SWEEnv(ToolEnv):
         self._task = task
         image = task["image"]
         await asyncio.to_thread(_ensure_image, image, task["instance_id"], self.sandbox_cfg.docker_host)
-        from sandboxes.pool import acquire_sandbox
+        from sao.sandboxes.pool import acquire_sandbox
 
         env = {"PATH": PATH, **self.sandbox_cfg.env}
         cfg = dataclasses.replace(self.sandbox_cfg, image=image, workdir=REPO_DIR, env=env)
@@ -261,7 +261,7 @@ class SWEEnv(ToolEnv):
         return await self._sandbox.read_file(PATCH_FILE)
 
     async def _grade_repo(self) -> Grade:
-        from envs.swe.grading import GradingInfraError, grade_patch
+        from sao.envs.swe.grading import GradingInfraError, grade_patch
 
         assert self._task is not None
         patch = await self.current_patch()
@@ -282,7 +282,7 @@ class SWEEnv(ToolEnv):
         """The record the reward grades: the task, or with ``pass_to_pass_sample`` its FAIL_TO_PASS + a sample."""
         if self.pass_to_pass_sample is None:
             return task
-        from envs.swe.tasks.instance import with_test_sample
+        from sao.envs.swe.tasks.instance import with_test_sample
 
         p2p = sorted(task["PASS_TO_PASS"])
         k = min(self.pass_to_pass_sample, len(p2p))
@@ -292,14 +292,14 @@ class SWEEnv(ToolEnv):
 
 def _ensure_image(image: str, instance_id: str, docker_host: str | None) -> None:
     """Make sure ``image`` is on the Docker host: present, or pulled for a published (registry) image."""
-    from sandboxes.images import ensure_image, image_exists
+    from sao.sandboxes.images import ensure_image, image_exists
 
     if image_exists(image, docker_host):
         return
     if image.startswith(OWN_IMAGE_PREFIX):
         raise ImageNotFoundError(
             f"task {instance_id}: image {image} is not on the Docker host; rebuild it with "
-            "`envs.swe.tasks.ensure_task_images(records)` (or `sao tasks build`)"
+            "`sao.envs.swe.tasks.ensure_task_images(records)` (or `sao tasks build`)"
         )
     try:
         ensure_image(image, docker_host, pull=True)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sandboxes.docker import tar_one
+from sao.sandboxes.docker import tar_one
 
 APPLY_CMDS = (
     "git apply --verbose /tmp/patch.diff",
@@ -59,7 +59,7 @@ def _start_container(client: Any, image: str, iid: str, mem_limit: str) -> Any:
     except docker.errors.ImageNotFound as e:
         raise GradingInfraError(
             f"image {image} of task {iid} is not present; build it (`sao tasks build`, or "
-            "`envs.swe.tasks.ensure_task_images`) or pull it from a reachable registry"
+            "`sao.envs.swe.tasks.ensure_task_images`) or pull it from a reachable registry"
         ) from e
     return client.containers.run(
         image,
@@ -115,7 +115,7 @@ def grade_patch(
     import docker
     from swebench.harness.utils import make_test_spec
 
-    from envs.swe.tasks.instance import validate_instance
+    from sao.envs.swe.tasks.instance import validate_instance
 
     validate_instance(instance)
     spec = make_test_spec(instance)

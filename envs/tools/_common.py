@@ -6,8 +6,8 @@ import shlex
 import signal
 from typing import Any
 
-from envs.base import cap_text
-from sandboxes.protocols import ExecResult
+from sao.envs.base import cap_text
+from sao.sandboxes.protocols import ExecResult
 
 __all__ = ["ArgError", "cap_text", "command_output", "function_schema", "how_it_ended", "quote", "require"]
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from envs.protocols import ToolResult
-from envs.tools._common import ArgError, command_output, function_schema, require
-from sandboxes.protocols import Sandbox
+from sao.envs.protocols import ToolResult
+from sao.envs.tools._common import ArgError, command_output, function_schema, require
+from sao.sandboxes.protocols import Sandbox
 
 
 class BashTool:

@@ -15,9 +15,9 @@ from __future__ import annotations
 import posixpath
 from typing import Any
 
-from envs.protocols import ToolResult
-from envs.tools._common import ArgError, cap_text, function_schema, how_it_ended, quote, require
-from sandboxes.protocols import Sandbox
+from sao.envs.protocols import ToolResult
+from sao.envs.tools._common import ArgError, cap_text, function_schema, how_it_ended, quote, require
+from sao.sandboxes.protocols import Sandbox
 
 COMMANDS = ("view", "create", "str_replace", "insert", "undo_edit")
 _SNIPPET = 4

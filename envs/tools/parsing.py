@@ -13,7 +13,7 @@ import json
 import re
 from typing import Any
 
-from envs.protocols import FormatError, ToolCall
+from sao.envs.protocols import FormatError, ToolCall
 
 _TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
 _FENCE = re.compile(r"```([A-Za-z0-9_+-]*)[ \t]*\n(.*?)```", re.DOTALL)

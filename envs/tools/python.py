@@ -16,9 +16,9 @@ import base64
 import secrets
 from typing import Any
 
-from envs.protocols import ToolResult
-from envs.tools._common import ArgError, command_output, function_schema, quote, require
-from sandboxes.protocols import Sandbox
+from sao.envs.protocols import ToolResult
+from sao.envs.tools._common import ArgError, command_output, function_schema, quote, require
+from sao.sandboxes.protocols import Sandbox
 
 MAX_CELL_CHARS = 64_000  # the cell travels base64-encoded in one argv string (Linux caps one at 128 KiB)
 

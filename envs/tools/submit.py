@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from envs.protocols import ToolResult
-from envs.tools._common import function_schema
+from sao.envs.protocols import ToolResult
+from sao.envs.tools._common import function_schema
 
 
 class SubmitTool:

@@ -1,4 +1,4 @@
-"""saocore.console: the progress line fits 80 columns and gives an ETA; third-party output goes to the log while
+"""sao.core.console: the progress line fits 80 columns and gives an ETA; third-party output goes to the log while
 our own lines (print from our packages, say, progress) reach the terminal."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from saocore.console import MAX_WIDTH, ProgressLine
+from sao.core.console import MAX_WIDTH, ProgressLine
 
 
 def test_progress_line_fits_80_columns_and_estimates_the_rest() -> None:
@@ -39,10 +39,10 @@ def test_a_file_gets_one_line_per_interval_not_per_update() -> None:
 
 SCRIPT = """
 import os, sys, warnings
-from saocore.console import ProgressLine, say, third_party_to_log
+from sao.core.console import ProgressLine, say, third_party_to_log
 with third_party_to_log(sys.argv[1]):
     print("ours: printed by __main__")
-    import logging; logging.getLogger("trainer.runs.run").warning("ours: a trainer warning")
+    import logging; logging.getLogger("sao.trainer.runs.run").warning("ours: a trainer warning")
     say("ours: said")
     warnings.warn("a third-party style warning")
     import logging; logging.getLogger("somelib").warning("somelib warning")
@@ -77,7 +77,7 @@ def test_third_party_output_goes_to_the_log(tmp_path: Path) -> None:
 
 
 def test_eta_text_for_log_lines() -> None:
-    from saocore.console import eta_text
+    from sao.core.console import eta_text
 
     assert (
         eta_text(60.0, 2, 10) == "~4:00 left"

@@ -7,7 +7,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ["saocore", "sandboxes", "envs", "agent", "trainer", "benchmarks", "sao_cli"]
+PACKAGES = ["sao/core", "sao/sandboxes", "sao/envs", "sao/agent", "sao/trainer", "sao/benchmarks", "sao/cli"]
 LIMIT = 80
 
 

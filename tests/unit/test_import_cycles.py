@@ -7,10 +7,10 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ["saocore", "sandboxes", "envs", "agent", "trainer", "benchmarks", "sao_cli"]
+PACKAGES = ["sao/core", "sao/sandboxes", "sao/envs", "sao/agent", "sao/trainer", "sao/benchmarks", "sao/cli"]
 # Modules whose circles this test refuses: every package. ``NOT_YET`` would name module prefixes let off while their
 # circles are being broken; none is now.
-CHECKED = tuple(PACKAGES)
+CHECKED = ("sao.",)
 NOT_YET: tuple[str, ...] = ()
 
 
@@ -101,7 +101,7 @@ def test_the_checker_sees_a_circle_closed_in_a_function() -> None:
 
 def test_no_import_circle() -> None:
     def checked(m: str) -> bool:
-        return m.split(".")[0] in CHECKED and not m.startswith(NOT_YET)
+        return m.startswith(CHECKED) and not m.startswith(NOT_YET)
 
     bad = [c for c in cycles(_graph()) if any(checked(m) for m in c)]
     assert not bad, "import circles (function-local imports count):\n" + "\n".join(" <-> ".join(c) for c in bad)

@@ -1,4 +1,4 @@
-"""saocore.jsonl.iter_jsonl: line numbers, blank lines, errors naming file and line, the torn-tail rule."""
+"""sao.core.jsonl.iter_jsonl: line numbers, blank lines, errors naming file and line, the torn-tail rule."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from saocore.jsonl import iter_jsonl
+from sao.core.jsonl import iter_jsonl
 
 
 class MyError(ValueError):

@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
-from trainer.algos.scan import dense_supported, masked_gae_dense
-from trainer.algos.tables import AdvantageFn, AdvantageInputs, register_advantage
+from sao.trainer.algos.scan import dense_supported, masked_gae_dense
+from sao.trainer.algos.tables import AdvantageFn, AdvantageInputs, register_advantage
 
 # Chunk width of the blocked reverse scan: the per-chunk work is a [L/C, C] x [C, C] matmul and the carry
 # between chunks the same scan on L/C heads, so Python only recurses log_C(L) times.

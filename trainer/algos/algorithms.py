@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from trainer.algos.tables import ALGORITHMS, AlgorithmSpec
+from sao.trainer.algos.tables import ALGORITHMS, AlgorithmSpec
 
 BUILTIN = (
     AlgorithmSpec(

@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from trainer.algos.tables import PolicyLossInputs, register_policy_loss
+from sao.trainer.algos.tables import PolicyLossInputs, register_policy_loss
 
 Metrics = dict[str, torch.Tensor]
 

@@ -11,7 +11,7 @@ Every entry of a function registry is called the same way:
   gradient, ``metrics`` a dict of detached 0-dim tensors (call ``float()`` on them to log).
 
 The tables, the entries' inputs and traits, ``AlgorithmSpec`` and the ``register_*`` decorators live one layer
-down in ``trainer.algos.tables`` (the built-in entries import them from there) and are exported here too; the
+down in ``sao.trainer.algos.tables`` (the built-in entries import them from there) and are exported here too; the
 lookups below import the built-in entries first, so every lookup sees them.
 
 This module imports no torch at run time, so reading a config stays cheap.
@@ -19,7 +19,7 @@ This module imports no torch at run time, so reading a config stays cheap.
 
 from __future__ import annotations
 
-from trainer.algos.tables import (
+from sao.trainer.algos.tables import (
     ADVANTAGE_TRAITS,
     ADVANTAGES,
     ALGORITHMS,
@@ -41,8 +41,8 @@ from trainer.algos.tables import (
 def _load_builtins() -> None:
     # The built-in entries register themselves on import; importing here lets a lookup work without the
     # caller having imported the modules first.
-    import trainer.algos.advantages
-    import trainer.algos.losses  # noqa: F401
+    import sao.trainer.algos.advantages
+    import sao.trainer.algos.losses  # noqa: F401
 
 
 def get_advantage(name: str) -> AdvantageFn:
@@ -85,7 +85,7 @@ def register_algorithm(spec: AlgorithmSpec) -> AlgorithmSpec:
 
 
 def _load_algorithms() -> None:
-    import trainer.algos.algorithms  # noqa: F401 - the built-in specs register themselves (no torch import)
+    import sao.trainer.algos.algorithms  # noqa: F401 - the built-in specs register themselves (no torch import)
 
 
 def get_algorithm(name: str) -> AlgorithmSpec:

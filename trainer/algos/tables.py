@@ -1,8 +1,8 @@
 """The registry tables and what their entries receive, one layer under the entries and the lookups.
 
-``trainer.algos.advantages``, ``losses`` and ``algorithms`` register into these tables on import (the
-``register_advantage`` / ``register_policy_loss`` decorators, ``ALGORITHMS.add``); ``trainer.algos.registry`` reads
-them and imports the built-in entries before a lookup. Callers import everything from ``trainer.algos.registry``.
+``sao.trainer.algos.advantages``, ``losses`` and ``algorithms`` register into these tables on import (the
+``register_advantage`` / ``register_policy_loss`` decorators, ``ALGORITHMS.add``); ``sao.trainer.algos.registry`` reads
+them and imports the built-in entries before a lookup. Callers import everything from ``sao.trainer.algos.registry``.
 
 This module imports no torch at run time, so reading a config stays cheap.
 """
@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 if TYPE_CHECKING:
     import torch
 
-    from trainer.algos.advantages import RunningMeanBaseline
+    from sao.trainer.algos.advantages import RunningMeanBaseline
 
 F = TypeVar("F")
 

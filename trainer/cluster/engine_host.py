@@ -8,8 +8,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from agent.engines.registry import ServeArgs, engine_spec
-from trainer.config import Config, ConfigError, config_from_dict
+from sao.agent.engines.registry import ServeArgs, engine_spec
+from sao.trainer.config import Config, ConfigError, config_from_dict
 
 _WATCHDOG = """
 import os, signal, sys, time
@@ -54,8 +54,8 @@ def _watch(parent_pid: int, group: int) -> None:
 
 def _local_model_dir(cfg: Config, into: Path) -> str:
     """A HF model directory on this node for the engine: the configured path, or a ``tiny:*`` model written here."""
-    from saocore.paths import resolve_model_path
-    from trainer.learn.models import load_actor, load_tokenizer
+    from sao.core.paths import resolve_model_path
+    from sao.trainer.learn.models import load_actor, load_tokenizer
 
     path = resolve_model_path(cfg.model.path)
     if not path.startswith("tiny:"):

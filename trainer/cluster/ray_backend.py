@@ -16,7 +16,7 @@ Roles, each a Ray actor with the resources its ``cluster.*_resources`` entry ask
   dies turns its episodes into ``infra_error`` records and is not used again.
 - ``SandboxHost``, one per node that has rollout workers (``cluster.sandbox_resources``, pinned to the node):
   the node's Docker engine and its warm pool; runs the sandbox calls of the node's episodes
-  (``trainer.cluster.sandbox_host``). Ray restarts a dead one up to ``cluster.sandbox_host_restarts`` times; the
+  (``sao.trainer.cluster.sandbox_host``). Ray restarts a dead one up to ``cluster.sandbox_host_restarts`` times; the
   episodes that were using it are infra errors.
 
 Weights reach the engines through ``rollout.weight_sync`` (``broadcast`` needs no filesystem shared by the nodes;
@@ -36,13 +36,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from agent.engines.registry import engine_spec
-from agent.records import Trajectory
-from agent.rollout import Episode, infra_error_trajectory
-from trainer.cluster.engine_host import EngineHostImpl
-from trainer.cluster.sandbox_host import RemoteSandbox, SandboxHostClient, SandboxHostImpl, episode_sandboxes
-from trainer.config import Config
-from trainer.rollout.rollout_stack import episode_runner
+from sao.agent.engines.registry import engine_spec
+from sao.agent.records import Trajectory
+from sao.agent.rollout import Episode, infra_error_trajectory
+from sao.trainer.cluster.engine_host import EngineHostImpl
+from sao.trainer.cluster.sandbox_host import RemoteSandbox, SandboxHostClient, SandboxHostImpl, episode_sandboxes
+from sao.trainer.config import Config
+from sao.trainer.rollout.rollout_stack import episode_runner
 
 NAMESPACE = "sao"
 
@@ -56,8 +56,8 @@ class RolloutWorkerImpl:
     """Plays episodes on this node against the engine URLs, with sandboxes from the node's sandbox host."""
 
     def __init__(self, cfg_dict: dict[str, Any], urls: list[str]) -> None:
-        from trainer.config import config_from_dict
-        from trainer.learn.models import load_tokenizer
+        from sao.trainer.config import config_from_dict
+        from sao.trainer.learn.models import load_tokenizer
 
         cfg = config_from_dict(cfg_dict)
         connect = engine_spec(cfg.rollout.engine).connect
@@ -78,7 +78,7 @@ class RolloutWorkerImpl:
         self.sandboxes = SandboxHostClient(host, name)
 
     async def _open(self) -> None:
-        from sandboxes.pool import use_pools
+        from sao.sandboxes.pool import use_pools
 
         async with self._opening:
             if self._stack is not None:
@@ -212,7 +212,7 @@ class TrainerRankImpl:
         return str(ray.util.get_node_ip_address())  # type: ignore[no-untyped-call]
 
     def free_port(self) -> int:
-        from trainer.cluster.weights import free_port
+        from sao.trainer.cluster.weights import free_port
 
         return free_port()
 
@@ -228,8 +228,8 @@ class TrainerRankImpl:
     ) -> dict[str, Any]:
         import asyncio
 
-        from trainer import distributed as dist_utils
-        from trainer.config import config_from_dict, save_config
+        from sao.trainer import distributed as dist_utils
+        from sao.trainer.config import config_from_dict, save_config
 
         os.environ.update(
             RANK=str(rank),

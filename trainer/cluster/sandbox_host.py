@@ -1,7 +1,7 @@
 """Sandbox hosts: one Ray actor per rollout node that owns the node's Docker engine and its warm pools.
 
 The rollout workers of a node never talk to Docker themselves: their envs' ``acquire_sandbox(cfg)`` goes to the
-node's host (``SandboxHostClient``, installed with ``sandboxes.pool.use_pools``), which leases a container from its
+node's host (``SandboxHostClient``, installed with ``sao.sandboxes.pool.use_pools``), which leases a container from its
 ``PoolSet`` and hands back an id; every later call of the episode (``exec``, ``read_file``, ``write_file``,
 ``copy_in``, ``copy_out``, ``close``) is an actor call that the host runs on that container (``RemoteSandbox``).
 The host, not a handle passed around, holds the container, so:
@@ -26,9 +26,9 @@ import os
 import uuid
 from typing import Any
 
-from sandboxes.config import SandboxConfig
-from sandboxes.pool import PoolSet
-from sandboxes.protocols import ExecResult, Sandbox, SandboxError, SandboxUnavailableError
+from sao.sandboxes.config import SandboxConfig
+from sao.sandboxes.pool import PoolSet
+from sao.sandboxes.protocols import ExecResult, Sandbox, SandboxError, SandboxUnavailableError
 
 #: the sandboxes the current episode took from a sandbox host (set by the rollout worker around each episode)
 episode_sandboxes: contextvars.ContextVar[list[RemoteSandbox] | None] = contextvars.ContextVar(
@@ -164,7 +164,7 @@ class SandboxHostClient(PoolSet):
 
     async def acquire(self, cfg: SandboxConfig) -> Sandbox:
         if cfg.backend != "docker":
-            from sandboxes.factory import make_sandbox
+            from sao.sandboxes.factory import make_sandbox
 
             return await make_sandbox(cfg)
         import ray

@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
-from agent.engines.weight_sync import BucketSender, SyncPlan, TensorSpec, WeightSyncError, dtype_name, plan_buckets
-from trainer.runs.commands import PushWeights
+from sao.agent.engines.weight_sync import BucketSender, SyncPlan, TensorSpec, WeightSyncError, dtype_name, plan_buckets
+from sao.trainer.runs.commands import PushWeights
 
 _LAYER = re.compile(r"^(.*?\.\d+)\.")
 
@@ -74,9 +74,9 @@ def layer_groups(module: torch.nn.Module) -> Iterator[tuple[torch.nn.Module, lis
 
 def push(module: torch.nn.Module, pg: Any, plan: SyncPlan, *, zero3: bool, device: Any = "cpu") -> dict[str, float]:
     """Collective over the trainer ranks; rank 0 passes its weight-sync group ``pg`` (others pass None). Each
-    layer is gathered with the trainer's one ZeRO-3 gather (``trainer.distributed.full_parameters``), sent, and
+    layer is gathered with the trainer's one ZeRO-3 gather (``sao.trainer.distributed.full_parameters``), sent, and
     released before the next: the full model is never resident at once."""
-    from trainer.distributed import full_parameters
+    from sao.trainer.distributed import full_parameters
 
     t0 = time.perf_counter()
     sender = BucketSender(pg, plan, device) if pg is not None else None
@@ -125,7 +125,7 @@ class BroadcastSync:
         """Send the actor's weights as ``version`` to every server of ``engine`` (a ``VLLMEngine``)."""
         import asyncio
 
-        from agent.engines.weight_sync import destroy_group, init_group, listen_socket
+        from sao.agent.engines.weight_sync import destroy_group, init_group, listen_socket
 
         t0 = time.perf_counter()
         listen = listen_socket()
@@ -171,7 +171,7 @@ def push_command(
 
 
 def _destroy_if_formed(fut: Any) -> None:
-    from agent.engines.weight_sync import destroy_group
+    from sao.agent.engines.weight_sync import destroy_group
 
     if not fut.cancelled() and fut.exception() is None:
         destroy_group(fut.result())

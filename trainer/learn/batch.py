@@ -15,7 +15,7 @@ from dataclasses import dataclass, fields, replace
 
 import torch
 
-from agent.records import Trajectory
+from sao.agent.records import Trajectory
 
 
 @dataclass(frozen=True)

@@ -18,11 +18,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainer import distributed as dist_utils
-from trainer.algos.losses import value_loss
-from trainer.config import Config, ConfigError, DeepSpeedConfig
-from trainer.learn.batch import Batch
-from trainer.learn.models import shifted_values
+from sao.trainer import distributed as dist_utils
+from sao.trainer.algos.losses import value_loss
+from sao.trainer.config import Config, ConfigError, DeepSpeedConfig
+from sao.trainer.learn.batch import Batch
+from sao.trainer.learn.models import shifted_values
 
 
 def ds_config(

@@ -2,7 +2,7 @@
 
 What the step does is read from the algorithm's spec (``cfg.algorithm``): which advantage estimator and policy loss,
 whether a critic trains, whether an old-policy recompute precedes the policy step. Engines and micro batches come
-from ``trainer.learn.deepspeed_engine`` (shared with value pretraining and SFT).
+from ``sao.trainer.learn.deepspeed_engine`` (shared with value pretraining and SFT).
 
 Bad numbers never crash a step: a trajectory with a non-finite reward is masked out, a token with a non-finite
 rollout (or recomputed) logprob is masked out of the policy loss, a batch with non-finite critic values is not
@@ -21,9 +21,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from agent.records import Trajectory
-from trainer import distributed as dist_utils
-from trainer.algos.advantages import (
+from sao.agent.records import Trajectory
+from sao.trainer import distributed as dist_utils
+from sao.trainer.algos.advantages import (
     RunningMeanBaseline,
     advantages_per_row_lambda,
     row_lambdas,
@@ -31,8 +31,8 @@ from trainer.algos.advantages import (
     whiten,
     whiten_stats,
 )
-from trainer.algos.logprobs import token_logprobs
-from trainer.algos.registry import (
+from sao.trainer.algos.logprobs import token_logprobs
+from sao.trainer.algos.registry import (
     AdvantageInputs,
     PolicyLossInputs,
     advantage_traits,
@@ -40,9 +40,9 @@ from trainer.algos.registry import (
     get_policy_loss,
     policy_loss_traits,
 )
-from trainer.config import Config, ConfigError
-from trainer.learn.batch import Batch, collate
-from trainer.learn.deepspeed_engine import (
+from sao.trainer.config import Config, ConfigError
+from sao.trainer.learn.batch import Batch, collate
+from sao.trainer.learn.deepspeed_engine import (
     critic_step,
     ev_from_parts,
     ev_parts,
@@ -55,7 +55,7 @@ from trainer.learn.deepspeed_engine import (
     shard_like,
     token_scale,
 )
-from trainer.learn.models import shifted_values
+from sao.trainer.learn.models import shifted_values
 
 # Rows of the LM head computed at a time for logprobs: 1,024 x V float32 is 200 MB at SmolLM2's 49k vocabulary,
 # 620 MB at a 152k one (docs/scale.md).

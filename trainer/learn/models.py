@@ -10,8 +10,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from saocore.paths import resolve_model_path  # aliases (smollm2) shared with eval
-from trainer.config import Config, ConfigError
+from sao.core.paths import resolve_model_path  # aliases (smollm2) shared with eval
+from sao.trainer.config import Config, ConfigError
 
 VALUE_HEAD_FILE = "value_head.safetensors"
 CRITIC_MARKER = "sao_critic.json"
@@ -30,7 +30,7 @@ def load_actor(cfg: Config) -> nn.Module:
 
     path, dtype = resolve_model_path(cfg.model.path), _torch_dtype(cfg.model.dtype)
     if path.startswith("tiny:"):
-        from saocore.tiny_models import build_tiny_model
+        from sao.core.tiny_models import build_tiny_model
 
         kind = path.split(":", 1)[1]
         try:
@@ -65,7 +65,7 @@ def load_tokenizer(cfg: Config) -> Any:
     """The tokenizer: ``model.tokenizer``, else the model dir, else (for ``tiny:*``) SmolLM2's."""
     from transformers import AutoTokenizer
 
-    from saocore.paths import smollm2_dir
+    from sao.core.paths import smollm2_dir
 
     src = resolve_model_path(cfg.model.tokenizer) if cfg.model.tokenizer else None  # an alias or a dir
     if src is None:

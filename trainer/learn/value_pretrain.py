@@ -1,7 +1,7 @@
 """Value pretraining: train only the critic on saved trajectories (returns from their recorded rewards).
 
-Reads ``agent.records`` JSONL, a run's (or ``sao collect``'s) ``trajectories.jsonl`` (its ``trajectory`` records),
-or a parquet file written by ``agent.records_arrow.write_parquet``; infra errors are skipped. Computes returns with
+Reads ``sao.agent.records`` JSONL, a run's (or ``sao collect``'s) ``trajectories.jsonl`` (its ``trajectory`` records),
+or a parquet file written by ``sao.agent.records_arrow.write_parquet``; infra errors are skipped. Computes returns with
 skip-observation GAE at lambda = 1 on zero values (the discounted reward-to-go over action tokens), runs ``epochs``
 passes of the value loss on DeepSpeed and writes a critic checkpoint that ``critic.init`` accepts.
 """
@@ -15,13 +15,13 @@ from typing import Any
 
 import torch
 
-from agent.records import Trajectory
-from saocore.jsonl import iter_jsonl
-from trainer import distributed as dist_utils
-from trainer.algos.advantages import skip_observation_gae
-from trainer.config import Config, ConfigError, load_config
-from trainer.learn.batch import Batch, collate
-from trainer.learn.deepspeed_engine import (
+from sao.agent.records import Trajectory
+from sao.core.jsonl import iter_jsonl
+from sao.trainer import distributed as dist_utils
+from sao.trainer.algos.advantages import skip_observation_gae
+from sao.trainer.config import Config, ConfigError, load_config
+from sao.trainer.learn.batch import Batch, collate
+from sao.trainer.learn.deepspeed_engine import (
     critic_step,
     ev_from_parts,
     ev_parts,
@@ -30,7 +30,7 @@ from trainer.learn.deepspeed_engine import (
     shard_batch,
     token_scale,
 )
-from trainer.learn.models import shifted_values
+from sao.trainer.learn.models import shifted_values
 
 
 def read_rollouts(path: str | Path) -> list[Trajectory]:
@@ -40,10 +40,10 @@ def read_rollouts(path: str | Path) -> list[Trajectory]:
     if not p.is_file():
         raise ConfigError(
             f"--rollouts {str(p)!r} not found; pass a JSONL of trajectories (e.g. RUN_DIR/trajectories.jsonl) "
-            "or a parquet file written by agent.records_arrow.write_parquet"
+            "or a parquet file written by sao.agent.records_arrow.write_parquet"
         )
     if p.suffix == ".parquet":
-        from agent.records_arrow import read_parquet
+        from sao.agent.records_arrow import read_parquet
 
         try:
             return _trainable(p, read_parquet(p))
@@ -132,7 +132,7 @@ def fit_critic(
     optimizer step each, sharded and accumulated exactly as the learner does) and the critic written to ``out``
     (a dir ``critic.init`` accepts). Returns the fit's last loss / explained variance and the explained variance on
     ``held`` before and after: the figure that says whether the critic is warm. Collective over the ranks."""
-    from trainer.learn.models import load_actor, load_critic, load_tokenizer
+    from sao.trainer.learn.models import load_actor, load_critic, load_tokenizer
 
     dist_utils.init_distributed()
     torch.manual_seed(cfg.run.seed)

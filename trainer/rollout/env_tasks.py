@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainer.config import Config, ConfigError
+from sao.trainer.config import Config, ConfigError
 
 
 def load_env_tasks(cfg: Config) -> list[dict[str, Any]] | None:
@@ -13,7 +13,7 @@ def load_env_tasks(cfg: Config) -> list[dict[str, Any]] | None:
     src = cfg.env.tasks
     if src is None:
         return None
-    from envs.datasets import load_tasks
+    from sao.envs.datasets import load_tasks
 
     try:
         return load_tasks(src, num_generated=cfg.env.num_tasks, seed=cfg.run.seed)

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent.records import Trajectory
-from saocore.jsonl import JsonlAppender, iter_jsonl
+from sao.agent.records import Trajectory
+from sao.core.jsonl import JsonlAppender, iter_jsonl
 
 
 class Ledger:

@@ -16,7 +16,8 @@ Group mode (GRPO): each task runs ``group_size`` times (every member resets with
 members play the same prompt whatever the task source) and a group enters the buffer only when all of it finished;
 ``synchronous=True`` (grpo) starts a batch's groups only after the previous batch was trained and synced.
 Infra-error trajectories are recorded and never enter the buffer. Episodes are played by the agent's one episode
-runner (``agent.rollout.EpisodeRunner.run_one``), which the coordinator keeps open (warm sandbox pools) while it runs.
+runner (``sao.agent.rollout.EpisodeRunner.run_one``), which the coordinator keeps open (warm sandbox pools) while it
+runs.
 """
 
 from __future__ import annotations
@@ -29,14 +30,14 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from agent.records import Trajectory
-from agent.rollout import Episode, infra_error_trajectory, task_id_of
-from trainer.rollout.ledger import Ledger
-from trainer.runs.stopping import InfraStreak, RolloutsLost
+from sao.agent.records import Trajectory
+from sao.agent.rollout import Episode, infra_error_trajectory, task_id_of
+from sao.trainer.rollout.ledger import Ledger
+from sao.trainer.runs.stopping import InfraStreak, RolloutsLost
 
 
 class EpisodeSource(Protocol):
-    """What plays one episode (``agent.rollout.EpisodeRunner``); an async context manager if it holds resources."""
+    """What plays one episode (``sao.agent.rollout.EpisodeRunner``); an async context manager if it holds resources."""
 
     async def run_one(self, episode: Episode) -> Trajectory: ...
 

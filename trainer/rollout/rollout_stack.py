@@ -1,7 +1,7 @@
 """The trainer's one rollout stack: ``cfg.rollout`` -> ``AgentConfig`` -> ``TokenPlayer`` -> ``EpisodeRunner``.
 
 Built here for every trainer-side player of episodes: the training run on rank 0 (``trainer.runs.run``), each Ray
-rollout worker (``trainer.cluster.ray_backend``) and the stages (``trainer.runs.stages``: collect, eval,
+rollout worker (``sao.trainer.cluster.ray_backend``) and the stages (``trainer.runs.stages``: collect, eval,
 pretrain_value, which pass their own overrides).
 """
 
@@ -10,10 +10,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from agent.engines.protocols import Engine
-from agent.loop import AgentConfig
-from agent.rollout import EpisodeRunner, RunnerConfig, TokenPlayer, env_factory
-from trainer.config import Config
+from sao.agent.engines.protocols import Engine
+from sao.agent.loop import AgentConfig
+from sao.agent.rollout import EpisodeRunner, RunnerConfig, TokenPlayer, env_factory
+from sao.trainer.config import Config
 
 
 def agent_config(cfg: Config, *, temperature: float | None = None) -> AgentConfig:

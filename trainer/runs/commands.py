@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from agent.engines.weight_sync import SyncPlan
-from agent.records import Trajectory
+from sao.agent.engines.weight_sync import SyncPlan
+from sao.agent.records import Trajectory
 
 
 @dataclass(frozen=True)

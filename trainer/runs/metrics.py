@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from saocore.jsonl import append_jsonl, iter_jsonl
+from sao.core.jsonl import append_jsonl, iter_jsonl
 
 # The curves `sao plot` draws, in this order (missing keys are skipped).
 PLOT_KEYS = (

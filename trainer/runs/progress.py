@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from saocore.console import ProgressLine
+from sao.core.console import ProgressLine
 
 
 class TrainProgress:

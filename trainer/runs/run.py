@@ -22,28 +22,28 @@ from typing import Any
 import numpy as np
 import torch
 
-from agent.engines.protocols import EngineError
-from agent.engines.registry import InProcessArgs, ServeArgs, engine_spec
-from envs.registration import preflight
-from saocore.jsonl import append_jsonl
-from trainer import distributed as dist_utils
-from trainer.runs.commands import Command, Export, PushWeights, Save, Saved, Stop, Train
-from trainer.config import Config, ConfigError, config_diff, load_config, save_config
-from trainer.rollout.env_tasks import load_env_tasks
-from trainer.learn.learner import Learner
-from trainer.rollout.ledger import Ledger, replay
-from trainer.runs.metrics import MetricsWriter, plot_run
-from trainer.rollout.pipeline import Coordinator, Item, TaskSource
-from trainer.runs.progress import TrainProgress
-from trainer.rollout.rollout_stack import episode_runner
-from trainer.runs.run_folder import (
+from sao.agent.engines.protocols import EngineError
+from sao.agent.engines.registry import InProcessArgs, ServeArgs, engine_spec
+from sao.envs.registration import preflight
+from sao.core.jsonl import append_jsonl
+from sao.trainer import distributed as dist_utils
+from sao.trainer.runs.commands import Command, Export, PushWeights, Save, Saved, Stop, Train
+from sao.trainer.config import Config, ConfigError, config_diff, load_config, save_config
+from sao.trainer.rollout.env_tasks import load_env_tasks
+from sao.trainer.learn.learner import Learner
+from sao.trainer.rollout.ledger import Ledger, replay
+from sao.trainer.runs.metrics import MetricsWriter, plot_run
+from sao.trainer.rollout.pipeline import Coordinator, Item, TaskSource
+from sao.trainer.runs.progress import TrainProgress
+from sao.trainer.rollout.rollout_stack import episode_runner
+from sao.trainer.runs.run_folder import (
     checkpoint_paths,
     commit_checkpoint,
     latest_checkpoint,
     latest_state,
     refuse_existing_run,
 )
-from trainer.runs.stopping import EXIT_RESUMABLE, ServerWatch, StopRequest, next_batch_or_stop
+from sao.trainer.runs.stopping import EXIT_RESUMABLE, ServerWatch, StopRequest, next_batch_or_stop
 
 
 def _seed_all(seed: int) -> None:
@@ -118,8 +118,8 @@ class Trainer:
 
     def __init__(self, cfg: Config, run_dir: Path, state: dict[str, Any] | None, cluster: Any = None) -> None:
         """``cluster``: on rank 0 of ``cluster.backend=ray``, the placed engines and rollout workers
-        (``trainer.cluster.ray_backend.RayPlacement``); None: this process makes its own engine and runner."""
-        from trainer.learn.models import load_actor, load_critic, load_tokenizer
+        (``sao.trainer.cluster.ray_backend.RayPlacement``); None: this process makes its own engine and runner."""
+        from sao.trainer.learn.models import load_actor, load_critic, load_tokenizer
 
         self.cfg, self.run_dir, self.state = cfg, run_dir, state
         self.rank0 = dist_utils.rank() == 0
@@ -133,7 +133,7 @@ class Trainer:
         in_process = self.engine_spec.placement == "in_process" and self.rank0
         self.engine_model = copy.deepcopy(actor).eval() if in_process else None
         self.cluster = cluster
-        self._broadcast: Any = None  # rollout.weight_sync=broadcast: trainer.cluster.weights.BroadcastSync
+        self._broadcast: Any = None  # rollout.weight_sync=broadcast: sao.trainer.cluster.weights.BroadcastSync
         self._server: Any = None  # a server engine without rollout.vllm_urls: the run's own server
         allowed = torch.tensor(self.allowed, dtype=torch.long) if self.allowed else None
         self.learner = Learner(cfg, actor, critic, int(self.tokenizer.pad_token_id), allowed=allowed)
@@ -175,7 +175,7 @@ class Trainer:
                     return Saved(False, f"{type(e).__name__}: {e}")  # the caller drops the partial folder
                 return Saved(True)
             case PushWeights(plan):
-                from trainer.cluster.weights import push_command
+                from sao.trainer.cluster.weights import push_command
 
                 return push_command(
                     self.learner.actor.module, self._broadcast, plan, self.cfg.deepspeed.zero_stage == 3
@@ -246,7 +246,7 @@ class Trainer:
 
     async def _sync_weights(self, engine: Any) -> float:
         if self.cfg.rollout.weight_sync == "broadcast":
-            from trainer.cluster.weights import BroadcastSync
+            from sao.trainer.cluster.weights import BroadcastSync
 
             if self._broadcast is None:
                 self._broadcast = BroadcastSync.for_config(self.cfg, self.learner.actor.module)
@@ -306,7 +306,7 @@ class Trainer:
         self._saved_step = self.step
 
     def _checkpoint_failed(self, partial: Path, e: OSError) -> None:
-        from saocore.console import say
+        from sao.core.console import say
 
         self.checkpoint_failures += 1
         shutil.rmtree(partial, ignore_errors=True)
@@ -461,7 +461,7 @@ class Trainer:
             append_jsonl(self.run_dir / "critic_warmup.jsonl", [rec])
             if self.rank0 and self.cfg.run.progress:
                 ev = m.get("explained_variance", float("nan"))
-                from saocore.console import say  # above the progress line, not through it
+                from sao.core.console import say  # above the progress line, not through it
 
                 say(f"critic warm-up {self.warmup_done}/{n}: explained variance {ev:.3f}")
         return True
@@ -525,7 +525,7 @@ class Trainer:
             "action_tokens_mean": float(np.mean([sum(len(s.token_ids) for s in tr.action_segments) for tr in trajs])),
         }
         drift = [float(tr.info["render_drift"]) for tr in trajs if "render_drift" in tr.info]
-        if drift:  # agent token ids vs a fresh chat-template render (agent.loop); > 0 means the model saw drift
+        if drift:  # agent token ids vs a fresh chat-template render (sao.agent.loop); > 0 means the model saw drift
             out["render_drift"] = float(np.mean(drift))
         out.update(m)
         return out
@@ -540,15 +540,15 @@ def train(config_path: str | None, overrides: list[str] | None = None, resume: s
     cfg = load_config(config_path, overrides)
     preflight(cfg.env.id, cfg.env.kwargs)  # a bad env id or kwargs fail here, before any stage, model or episode
     if cfg.stages:  # collect / sft / eval / train in one run (configs/quickstart.yaml)
-        from trainer.runs.stages import run_stages
+        from sao.trainer.runs.stages import run_stages
 
         return run_stages(cfg, resume, train)
     cfg, run_dir, state = prepare_run_dir(cfg, resume)
     if resume is not None and state is None:
         raise ConfigError(f"--resume {resume!r}: no complete checkpoint in {run_dir}/checkpoints; start a new run")
     if cfg.cluster.backend == "ray":
-        from saocore.console import say
-        from trainer.cluster.ray_backend import TrainerRankLost, run_on_ray
+        from sao.core.console import say
+        from sao.trainer.cluster.ray_backend import TrainerRankLost, run_on_ray
 
         try:
             last = run_on_ray(cfg, run_dir, state, Trainer)
@@ -578,7 +578,7 @@ def train(config_path: str | None, overrides: list[str] | None = None, resume: s
 
 def _stopped(run_dir: Path, step: int, reason: str, exit_code: int, *, tell: bool) -> None:
     """A clean stop's end, local or under Ray: say why and how to go on (rank 0 only), exit with its code."""
-    from saocore.console import say
+    from sao.core.console import say
 
     if tell:
         say(

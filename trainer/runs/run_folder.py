@@ -1,7 +1,7 @@
 """The one owner of a run folder: refuse to overwrite a run, write JSON and text durably, write a checkpoint the
 power-cut-safe way (a hidden partial folder, fsynced, renamed, then ``latest``), and find the latest one.
 
-Used by ``sao train`` (``trainer.runs.run``), ``sao sft`` (``trainer.sft.run``), staged runs (``trainer.runs.stages``) and the
+Used by ``sao train`` (``trainer.runs.run``), ``sao sft`` (``sao.trainer.sft.run``), staged runs (``trainer.runs.stages``) and the
 evaluation CLIs (``benchmarks``), so every checkpoint and every summary file has the same durability.
 """
 
@@ -13,7 +13,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from trainer.config import ConfigError
+from sao.trainer.config import ConfigError
 
 STATE_FILE = "trainer_state.json"
 """Written last into a checkpoint folder: its presence marks the checkpoint complete."""

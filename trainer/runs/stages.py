@@ -5,10 +5,10 @@ with ``--resume RUN_DIR`` skips finished stages (an unfinished ``train`` stage r
 model flows from stage to stage: ``sft`` and ``train`` start from the current model and replace it with their
 ``final/actor``.
 
-* ``collect``: ``collect.n`` episodes of ``collect.model`` (a demonstrator of ``agent.engines.registry``:
+* ``collect``: ``collect.n`` episodes of ``collect.model`` (a demonstrator of ``sao.agent.engines.registry``:
   ``solver`` for arithmetic, ``swe_demonstrator`` for SWE tasks) on the training tasks, through the one episode
   runner, in the env's sandboxes -> ``trajectories.jsonl``;
-* ``sft``: ``trainer.sft.run`` on ``sft.data`` or else the collected trajectories (``sft.min_reward``, default 1.0
+* ``sft``: ``sao.trainer.sft.run`` on ``sft.data`` or else the collected trajectories (``sft.min_reward``, default 1.0
   for collected ones: only solved episodes);
 * ``eval``: the current model (on ``rollout.stage_engine``, else ``rollout.engine``: in this process, or a server
   started on the model's directory for the stage) on ``eval.n`` held-out tasks (success, valid tool-call rate,
@@ -35,16 +35,16 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from agent.engines.protocols import Engine
-from agent.engines.registry import InProcessArgs, ServeArgs, engine_spec, make_demonstrator
-from agent.records import Trajectory
-from agent.rollout import episodes_of
-from saocore.paths import resolve_model_path
-from trainer import distributed as dist_utils
-from trainer.config import Config, ConfigError, save_config
-from trainer.rollout.env_tasks import load_env_tasks
-from trainer.rollout.rollout_stack import episode_runner
-from trainer.runs.run_folder import latest_checkpoint, write_json_atomic
+from sao.agent.engines.protocols import Engine
+from sao.agent.engines.registry import InProcessArgs, ServeArgs, engine_spec, make_demonstrator
+from sao.agent.records import Trajectory
+from sao.agent.rollout import episodes_of
+from sao.core.paths import resolve_model_path
+from sao.trainer import distributed as dist_utils
+from sao.trainer.config import Config, ConfigError, save_config
+from sao.trainer.rollout.env_tasks import load_env_tasks
+from sao.trainer.rollout.rollout_stack import episode_runner
+from sao.trainer.runs.run_folder import latest_checkpoint, write_json_atomic
 
 DONE = "done.json"
 TrainFn = Callable[..., Path]
@@ -64,7 +64,7 @@ def held_out_tasks(cfg: Config) -> list[dict[str, Any]]:
 
     The draw does not depend on ``run.seed``: every seed and every arm is scored on the same set, so seeds differ
     only by their training, not by which tasks happened to be held out."""
-    from envs.datasets import arithmetic_tasks, held_out_spec, load_tasks
+    from sao.envs.datasets import arithmetic_tasks, held_out_spec, load_tasks
 
     split = held_out_spec(cfg.env.tasks)
     if split is not None:
@@ -106,7 +106,7 @@ async def _rollouts(
 
 
 def collect_stage(cfg: Config, model_dir: str, out: Path) -> dict[str, Any]:
-    from trainer.learn.models import load_tokenizer
+    from sao.trainer.learn.models import load_tokenizer
 
     c = cfg.collect
     tok = load_tokenizer(cfg)
@@ -146,9 +146,9 @@ def episode_scores(
     over the episodes that were not infra errors. With SWE-style ``tasks`` (a gold ``patch``) also the share of
     episodes whose graded patch (``info["report"]["model_patch"]``) changed a file the gold patch changes, and with
     injected-bug tasks the resolved / episodes of each bug family (``solved_by_family``)."""
-    from envs.protocols import FormatError
-    from envs.python_tool import PythonToolEnv
-    from envs.tools.parsing import parse_action
+    from sao.envs.protocols import FormatError
+    from sao.envs.python_tool import PythonToolEnv
+    from sao.envs.tools.parsing import parse_action
 
     ok = [t for t in trajs if t.status != "infra_error"]
     valid = 0
@@ -217,7 +217,7 @@ def _stage_engine(cfg: Config, tokenizer: Any, model_dir: str, out: Path) -> Eng
     (config validation refuses an engine that can do neither)."""
     spec = engine_spec(cfg.rollout.stage_engine or cfg.rollout.engine)
     if spec.in_process is not None:
-        from trainer.learn.models import load_actor
+        from sao.trainer.learn.models import load_actor
 
         return spec.in_process(InProcessArgs(load_actor(cfg), tokenizer, seed=cfg.run.seed))
     assert spec.serve is not None and spec.connect is not None, "config validation refuses such a stage engine"
@@ -232,7 +232,7 @@ def _stage_engine(cfg: Config, tokenizer: Any, model_dir: str, out: Path) -> Eng
 
 
 def eval_stage(cfg: Config, model_dir: str, out: Path) -> dict[str, Any]:
-    from trainer.learn.models import load_tokenizer
+    from sao.trainer.learn.models import load_tokenizer
 
     tok = load_tokenizer(cfg)
     t0 = time.perf_counter()
@@ -248,7 +248,7 @@ def eval_stage(cfg: Config, model_dir: str, out: Path) -> dict[str, Any]:
 
 
 def sft_stage(cfg: Config, model_dir: str, out: Path, collected: Path | None) -> dict[str, Any]:
-    from trainer.sft.run import run_sft
+    from sao.trainer.sft.run import run_sft
 
     c = copy.deepcopy(cfg)
     if not c.sft.data:
@@ -271,11 +271,11 @@ def sft_stage(cfg: Config, model_dir: str, out: Path, collected: Path | None) ->
 
 def pretrain_value_stage(cfg: Config, model_dir: str, out: Path) -> dict[str, Any]:
     """The critic's cold start: ``pretrain_value.rollouts`` episodes of the current policy (the one RL starts
-    from, not the demonstrator) on training tasks, a value fit on most of them (``trainer.learn.value_pretrain``)
+    from, not the demonstrator) on training tasks, a value fit on most of them (``sao.trainer.learn.value_pretrain``)
     and the explained variance on the held-out rest, before and after; the critic goes to ``value_init`` for the next
     ``train`` stage's ``critic.init``."""
-    from trainer.learn.models import load_tokenizer
-    from trainer.learn.value_pretrain import fit_critic, read_rollouts, split_by_task
+    from sao.trainer.learn.models import load_tokenizer
+    from sao.trainer.learn.value_pretrain import fit_critic, read_rollouts, split_by_task
 
     p = cfg.pretrain_value
     path = out / "trajectories.jsonl"
@@ -319,7 +319,7 @@ def pretrain_value_stage(cfg: Config, model_dir: str, out: Path) -> dict[str, An
 def _count_lines(path: Path) -> int:
     if not path.exists():
         return 0
-    from saocore.jsonl import iter_jsonl
+    from sao.core.jsonl import iter_jsonl
 
     return sum(1 for _ in iter_jsonl(path, torn_tail_ok=True))  # a line torn by a kill does not count
 
@@ -335,7 +335,7 @@ def train_stage(cfg: Config, model_dir: str, out: Path, train: TrainFn) -> dict[
     """SAO from the current model through `sao train`'s own entry point ``train`` (an unfinished stage resumes)."""
     import shutil
 
-    from trainer.runs.metrics import read_metrics
+    from sao.trainer.runs.metrics import read_metrics
 
     c = copy.deepcopy(cfg)
     c.stages = []
@@ -586,7 +586,7 @@ def plot_stages(run_dir: Path, results: list[dict[str, Any]]) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from trainer.runs.metrics import read_metrics
+    from sao.trainer.runs.metrics import read_metrics
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
     keys = [("success", "success"), ("valid_tool_call_rate", "valid tool call")]

@@ -3,9 +3,9 @@
 Two record kinds, detected per record:
 
 * **chat**: ``{"messages": [...], "tools": [...]?}`` in the OpenAI messages format (assistant ``tool_calls``
-  included), rendered with the agent's own renderer (``agent.conversation.render_conversation``): the ids are
+  included), rendered with the agent's own renderer (``sao.agent.conversation.render_conversation``): the ids are
   the ones the agent would have produced at rollout time; only assistant tokens are trained.
-* **trajectory**: an ``agent.records.Trajectory`` (or a run's ``trajectories.jsonl`` line, ``{"type":
+* **trajectory**: an ``sao.agent.records.Trajectory`` (or a run's ``trajectories.jsonl`` line, ``{"type":
   "trajectory", "trajectory": {...}}``): trained on its own token ids, action segments only. Kept when
   ``status`` is not ``infra_error`` and ``reward >= min_reward`` (rejection-sampling fine-tuning).
 
@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agent.chat import ChatRenderer
-from agent.conversation import ConversationError, render_conversation
-from agent.records import Trajectory
+from sao.agent.chat import ChatRenderer
+from sao.agent.conversation import ConversationError, render_conversation
+from sao.agent.records import Trajectory
 
 
 class SFTDataError(ValueError):
@@ -55,7 +55,7 @@ class LoadStats:
 
 def _records(source: str) -> Iterator[tuple[str, Any]]:
     """``(where, record)`` for every record of ``source`` (``where`` = ``file:line`` or ``source row N``)."""
-    from saocore.jsonl import iter_jsonl
+    from sao.core.jsonl import iter_jsonl
 
     path = Path(source).expanduser()
     if path.suffix == ".jsonl":

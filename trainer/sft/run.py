@@ -18,19 +18,19 @@ from typing import Any
 
 import torch
 
-from saocore.console import say
-from trainer import distributed as dist_utils
-from trainer.config import Config, ConfigError, config_diff, load_config, save_config
-from trainer.learn.deepspeed_engine import make_engine
-from trainer.runs.metrics import MetricsWriter, plot_run
-from trainer.runs.run_folder import (
+from sao.core.console import say
+from sao.trainer import distributed as dist_utils
+from sao.trainer.config import Config, ConfigError, config_diff, load_config, save_config
+from sao.trainer.learn.deepspeed_engine import make_engine
+from sao.trainer.runs.metrics import MetricsWriter, plot_run
+from sao.trainer.runs.run_folder import (
     checkpoint_paths,
     commit_checkpoint,
     latest_checkpoint,
     latest_state,
     refuse_existing_run,
 )
-from trainer.sft.data import Example, bucketed_batches, load_examples, padding_fraction
+from sao.trainer.sft.data import Example, bucketed_batches, load_examples, padding_fraction
 
 
 def _micro_tensors(rows: list[Example], pad_id: int) -> dict[str, torch.Tensor]:
@@ -67,7 +67,7 @@ class SFTRun:
     """The SFT loop of one rank; ``run()`` trains to the end and returns the final metrics."""
 
     def __init__(self, cfg: Config, run_dir: Path, examples: list[Example], state: dict[str, Any] | None) -> None:
-        from trainer.learn.models import load_actor, load_tokenizer
+        from sao.trainer.learn.models import load_actor, load_tokenizer
 
         s = cfg.sft
         self.cfg, self.run_dir, self.examples = cfg, run_dir, examples
@@ -188,10 +188,10 @@ class SFTRun:
 
 
 class _Progress:
-    """The SFT progress line: step, ETA, loss, token accuracy (``saocore.console.ProgressLine``: 80 columns)."""
+    """The SFT progress line: step, ETA, loss, token accuracy (``sao.core.console.ProgressLine``: 80 columns)."""
 
     def __init__(self, total: int, done: int, enabled: bool) -> None:
-        from saocore.console import ProgressLine
+        from sao.core.console import ProgressLine
 
         self._line = ProgressLine("sft", total, done=done, status="first step", enabled=enabled)
 
@@ -206,7 +206,7 @@ def run_sft(cfg: Config, run_dir: Path, resume: bool = False) -> dict[str, float
     """SFT with ``cfg`` into ``run_dir`` (a new dir, or the same run's dir when ``resume``)."""
     if not cfg.sft.data:
         raise ConfigError("sft.data is empty; give files of conversations or trajectories (sft.data=[a.jsonl])")
-    from trainer.learn.models import load_tokenizer
+    from sao.trainer.learn.models import load_tokenizer
 
     # The data is checked before anything heavy starts: a bad line fails in seconds.
     examples, stats = load_examples(

@@ -1,8 +1,8 @@
 """Offline SWE-bench-format tasks synthesised from PyPI sdists (see ``builder`` for the design)."""
 
-from envs.swe.tasks.builder import BuildConfig, build_tasks
-from envs.swe.tasks.instance import load_instances, validate_instance
-from envs.swe.tasks.offline import ensure_offline_tasks, ensure_task_images
+from sao.envs.swe.tasks.builder import BuildConfig, build_tasks
+from sao.envs.swe.tasks.instance import load_instances, validate_instance
+from sao.envs.swe.tasks.offline import ensure_offline_tasks, ensure_task_images
 
 __all__ = [
     "BuildConfig",

@@ -23,7 +23,7 @@ import json
 import os
 from typing import Any
 
-from sandboxes.docker import tar_one
+from sao.sandboxes.docker import tar_one
 
 # Run with python3 in /testbed, the gold patch at /tmp/gold.diff; prints one JSON object.
 AUDIT = r'''

@@ -8,7 +8,7 @@ The official harness and ``SWEEnv`` both just start the task image; nothing is a
 A candidate bug is kept only if, run on the test files that mention the mutated function, at least one baseline-
 passing test fails with the bug and passes without it, and it breaks at most ``max_f2p`` tests. ``PASS_TO_PASS`` is
 the other baseline-passing tests of the files holding the failing ones; the eval script runs only those files.
-With ``verify`` each kept task is graded once with its gold patch through ``envs.swe.grading`` (must resolve).
+With ``verify`` each kept task is graded once with its gold patch through ``sao.envs.swe.grading`` (must resolve).
 Every task image is audited (``audit``): one that would let the agent read the fix stops the build.
 """
 
@@ -27,15 +27,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-# the submodules by their path: ``from envs.swe.tasks import ...`` would import the package, whose __init__ imports this
-# module (an import circle)
-import envs.swe.tasks.audit as audit
-import envs.swe.tasks.fetch as fetch
-import envs.swe.tasks.images as images
-import envs.swe.tasks.instance as instance
-from envs.swe.tasks.mutations import OPERATORS, Mutation, is_valid, mutations
-from envs.swe.tasks.runner import FAILING, BuilderContainer, failure_excerpts
-from saocore.console import eta_text
+# the submodules by their path: ``from sao.envs.swe.tasks import ...`` would import the package, whose __init__
+# imports this module (an import circle)
+import sao.envs.swe.tasks.audit as audit
+import sao.envs.swe.tasks.fetch as fetch
+import sao.envs.swe.tasks.images as images
+import sao.envs.swe.tasks.instance as instance
+from sao.core.console import eta_text
+from sao.envs.swe.tasks.mutations import OPERATORS, Mutation, is_valid, mutations
+from sao.envs.swe.tasks.runner import FAILING, BuilderContainer, failure_excerpts
 
 
 @dataclass
@@ -185,7 +185,7 @@ def _record(spec: fetch.SdistSpec, task_image: str, base_commit: str, found: _Fo
 
 def _repo_image(spec: fetch.SdistSpec, cfg: BuildConfig, log: Log, t0: float) -> str:
     """The package's repo image: its sdist and wheels fetched, the image built on the offline base image."""
-    from saocore.setup import ensure_base_image
+    from sao.core.setup import ensure_base_image
 
     sdist = fetch.fetch_sdist(spec)
     wheels = fetch.fetch_wheels(spec, sdist, cfg.extra_test_deps)
@@ -235,7 +235,7 @@ class _Search:
 
     def finish(self, f: _Found) -> dict[str, Any] | None:
         """The task record of a found bug: its task image built and audited, its gold patch verified."""
-        from envs.swe.grading import grade_patch
+        from sao.envs.swe.grading import grade_patch
 
         spec, client = self.spec, self.client
         task_image = images.ensure_task_image(self.repo_image, f.fix_patch)
@@ -322,7 +322,7 @@ def build_tasks(cfg: BuildConfig, log: Log = _stderr) -> list[dict[str, Any]]:
     """Build ``cfg.bugs`` validated tasks for each sdist in ``cfg.sdists`` (appending to ``cfg.out`` as made)."""
     import docker
 
-    from saocore.setup import ensure_docker
+    from sao.core.setup import ensure_docker
 
     ensure_docker()
     client = docker.from_env(timeout=1800)

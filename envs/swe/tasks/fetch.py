@@ -10,7 +10,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from saocore.paths import cache_dir
+from sao.core.paths import cache_dir
 
 # Extra test requirements of packages whose suites need more than pytest (the builder cannot read them reliably
 # from the sdist: they live in tox files, requirement folders or dependency groups).

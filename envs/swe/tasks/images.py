@@ -24,7 +24,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from envs.swe.tasks.fetch import SdistSpec
+from sao.envs.swe.tasks.fetch import SdistSpec
 
 # Fixed identity and dates make the commits (hence base_commit) reproducible when an image is rebuilt.
 GIT_ENV = (

@@ -7,7 +7,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from saocore.jsonl import iter_jsonl
+from sao.core.jsonl import iter_jsonl
 
 REQUIRED_FIELDS = (
     "instance_id",
@@ -229,7 +229,7 @@ def load_instances(path: str | Path) -> list[dict[str, Any]]:
 
 def append_instance(path: Path, record: dict[str, Any]) -> None:
     """Append one record durably (flushed and fsynced) so an interrupted build keeps what it made."""
-    from saocore.jsonl import append_jsonl
+    from sao.core.jsonl import append_jsonl
 
     path.parent.mkdir(parents=True, exist_ok=True)
     append_jsonl(path, [record])

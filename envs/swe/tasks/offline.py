@@ -18,13 +18,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-# the submodules by their path: ``from envs.swe.tasks import ...`` would import the package, whose __init__ imports this
-# module (an import circle)
-import envs.swe.tasks.fetch as fetch
-import envs.swe.tasks.images as images
-from envs.swe.tasks.builder import BuildConfig, build_tasks
-from envs.swe.tasks.instance import HINTS, load_instances, with_location_hint
-from envs.swe.tasks.mutations import OPERATORS
+# the submodules by their path: ``from sao.envs.swe.tasks import ...`` would import the package, whose __init__
+# imports this module (an import circle)
+import sao.envs.swe.tasks.fetch as fetch
+import sao.envs.swe.tasks.images as images
+from sao.envs.swe.tasks.builder import BuildConfig, build_tasks
+from sao.envs.swe.tasks.instance import HINTS, load_instances, with_location_hint
+from sao.envs.swe.tasks.mutations import OPERATORS
 
 # The two fastest suites among the offline sdists measured here (six: ~2 s, toolz: ~5 s for the whole suite).
 DEFAULT_PACKAGES = ("six==1.17.0", "toolz==1.2.0")
@@ -37,7 +37,7 @@ def _log(msg: str) -> None:
 
 def ensure_task_images(records: list[dict[str, Any]]) -> None:
     """Rebuild any missing image of our offline ``records`` from the cached sdists/wheels (no-op when present)."""
-    from saocore.setup import ensure_base_image
+    from sao.core.setup import ensure_base_image
 
     for rec in records:
         if images.image_exists(rec["image"]):

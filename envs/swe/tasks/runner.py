@@ -11,7 +11,7 @@ from typing import Any
 
 from swebench.harness.log_parsers import PARSER_REGISTRY
 
-from sandboxes.docker import tar_one
+from sao.sandboxes.docker import tar_one
 
 TEST_FILE_RE = re.compile(r"(^|/)(test_[^/]*|[^/]*_test)\.py$")
 SKIP_DIRS = ("docs/", "doc/", "examples/", "benchmarks/", "build/")

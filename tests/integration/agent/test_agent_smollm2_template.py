@@ -11,13 +11,13 @@ from typing import Any
 
 import pytest
 
-from agent.chat import ChatRenderer, tools_as_text
-from agent.engines.scripted import ScriptedEngine
-from agent.loop import AgentConfig, run_episode
-from envs.base import Grade, ToolEnv
-from envs.protocols import ToolResult
-from envs.tools import SubmitTool
-from envs.tools._common import function_schema
+from sao.agent.chat import ChatRenderer, tools_as_text
+from sao.agent.engines.scripted import ScriptedEngine
+from sao.agent.loop import AgentConfig, run_episode
+from sao.envs.base import Grade, ToolEnv
+from sao.envs.protocols import ToolResult
+from sao.envs.tools import SubmitTool
+from sao.envs.tools._common import function_schema
 
 
 class ReverseTool:

@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.timeout(300)]
 
 @pytest.fixture(scope="module")
 def smollm2() -> str:
-    from saocore.paths import smollm2_dir
+    from sao.core.paths import smollm2_dir
 
     if not (smollm2_dir() / "config.json").exists():
         missing("the converted SmolLM2-135M-Instruct", "run `bash scripts/setup.sh`")
@@ -29,7 +29,7 @@ def smollm2() -> str:
 
 
 def _collect(*args: str) -> Any:
-    from sao_cli.main import app
+    from sao.cli.main import app
 
     res = CliRunner().invoke(app, ["collect", *args])
     assert res.exit_code == 0, res.output + repr(res.exception)
@@ -51,8 +51,8 @@ def test_solver_episodes_are_written_resumed_and_readable(smollm2: str, tmp_path
 
     from transformers import AutoTokenizer
 
-    from trainer.learn.value_pretrain import read_rollouts
-    from trainer.sft.data import load_examples
+    from sao.trainer.learn.value_pretrain import read_rollouts
+    from sao.trainer.sft.data import load_examples
 
     assert len(read_rollouts(out / "trajectories.jsonl")) == 5
     examples, stats = load_examples([str(out / "trajectories.jsonl")], AutoTokenizer.from_pretrained(smollm2),
@@ -76,7 +76,7 @@ def test_infra_errors_are_counted_apart_and_retried(smollm2: str, tmp_path: Path
 
 
 def test_bad_input_is_refused_with_the_fix(tmp_path: Path) -> None:
-    from sao_cli.main import app
+    from sao.cli.main import app
 
     res = CliRunner().invoke(app, ["collect", "--model", "nope:x", "--env", "sao/TokenGame-v0", "--n", "1",
                                    "--out", str(tmp_path)])  # fmt: skip
@@ -90,7 +90,7 @@ def test_bad_input_is_refused_with_the_fix(tmp_path: Path) -> None:
 def test_docker_sandboxes_come_from_the_warm_pool_and_none_left(smollm2: str, base_image: str, tmp_path: Path) -> None:
     import os
 
-    from sandboxes.docker import OWNER_PID_LABEL, get_client
+    from sao.sandboxes.docker import OWNER_PID_LABEL, get_client
 
     sandbox = {"sandbox": {"backend": "docker", "image": base_image, "mem_limit": "256m"}}
     res = _collect("--model", "solver", "--env", "sao/PythonTool-v0", "--tasks", "arithmetic", "--out",

@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from agent.engines.hf_engine import HFEngine
-from agent.engines.protocols import Generation, SamplingParams
-from agent.engines.vllm_engine import VLLMEngine
-from agent.loop import AgentConfig, run_episode
+from sao.agent.engines.hf_engine import HFEngine
+from sao.agent.engines.protocols import Generation, SamplingParams
+from sao.agent.engines.vllm_engine import VLLMEngine
+from sao.agent.loop import AgentConfig, run_episode
 from tests.conftest import free_port
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
@@ -133,7 +133,7 @@ async def test_update_weights_makes_the_server_follow_new_weights(
 
 
 async def test_episodes_on_vllm_and_failover_from_a_dead_url(vllm_server: Any, hf: tuple[Any, Any]) -> None:
-    from envs.token_game import TokenGameEnv
+    from sao.envs.token_game import TokenGameEnv
 
     _, tok = hf
     dead = f"http://127.0.0.1:{free_port()}"
@@ -166,7 +166,7 @@ asyncio.run(main())
 
 
 async def test_server_dying_mid_episode_makes_an_infra_error(vllm_server: Any, hf: tuple[Any, Any]) -> None:
-    from envs.token_game import TokenGameEnv
+    from sao.envs.token_game import TokenGameEnv
 
     _, tok = hf
     port = free_port()
@@ -198,9 +198,9 @@ async def test_server_dying_mid_episode_makes_an_infra_error(vllm_server: Any, h
 async def test_openai_chat_model_plays_an_episode_on_the_chat_endpoint(vllm_server: Any) -> None:
     import httpx
 
-    from agent.chat_loop import run_chat_episode
-    from agent.engines.openai_chat import OpenAIChatModel
-    from envs.token_game import TokenGameEnv
+    from sao.agent.chat_loop import run_chat_episode
+    from sao.agent.engines.openai_chat import OpenAIChatModel
+    from sao.envs.token_game import TokenGameEnv
 
     name = httpx.get(vllm_server.url + "/v1/models", timeout=30).json()["data"][0]["id"]
     model = OpenAIChatModel(vllm_server.url + "/v1", name, max_tokens=8)

@@ -35,7 +35,7 @@ def test_confirm_bench_runs_both_arms_from_one_sft_checkpoint_and_reports(
     t0 = time.time()
     # A session of its own: on a timeout the whole group goes, the bench's spawned stage processes included.
     proc = subprocess.Popen(
-        [sys.executable, "-m", "sao_cli.main", "bench", "confirm", "--out", str(out), "--arms", "sao,grpo", *sets],
+        [sys.executable, "-m", "sao.cli.main", "bench", "confirm", "--out", str(out), "--arms", "sao,grpo", *sets],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
     )  # fmt: skip
     try:

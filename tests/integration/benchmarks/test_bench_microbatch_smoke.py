@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[3]
 def _run_records(path: Path, smollm2_dir: Path) -> None:
     from transformers import AutoTokenizer
 
-    from benchmarks.bench_microbatch import MicrobatchBenchConfig, synthetic_trajectories
+    from sao.benchmarks.bench_microbatch import MicrobatchBenchConfig, synthetic_trajectories
 
     cfg = MicrobatchBenchConfig(out=path.parent, n=6, min_tokens=30, max_tokens=300)
     trajs = synthetic_trajectories(cfg, AutoTokenizer.from_pretrained(str(smollm2_dir)))
@@ -34,7 +34,7 @@ def test_bench_microbatch_smoke(tmp_path: Path, smollm2_dir: Path) -> None:
     _run_records(src, smollm2_dir)
     out = tmp_path / "bench"
     cmd = [
-        sys.executable, "-m", "sao_cli.main", "bench", "microbatch", "--tiny", "--trajectories", str(src),
+        sys.executable, "-m", "sao.cli.main", "bench", "microbatch", "--tiny", "--trajectories", str(src),
         "--n", "6", "--micro-batch-size", "2", "--micro-batch-tokens", "256", "--layers", "1", "--threads", "1",
         "--out", str(out),
     ]  # fmt: skip

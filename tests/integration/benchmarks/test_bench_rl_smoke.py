@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[3]
 
 def test_learning_bench_smoke(tmp_path: Path, deepspeed_env: dict[str, str]) -> None:
     """Warm start (a few SFT steps) + 3 RL steps of two variants, in two worker processes (``--jobs 2``)."""
-    from benchmarks.bench_learning import LearningConfig, run
+    from sao.benchmarks.bench_learning import LearningConfig, run
 
     ov = {"families": {"token_game": {"warm_start": {"steps": 5, "episodes": 16}}}}
     lines: list[str] = []
@@ -48,7 +48,7 @@ def test_learning_bench_smoke(tmp_path: Path, deepspeed_env: dict[str, str]) -> 
 
 def test_stability_bench_smoke_and_report_only(tmp_path: Path, deepspeed_env: dict[str, str]) -> None:
     """The default command's path: the warm start, then both default variants in two worker processes at once."""
-    from benchmarks.bench_stability import StabilityConfig, run
+    from sao.benchmarks.bench_stability import StabilityConfig, run
 
     ov = {"warm_start": {"steps": 3, "episodes": 16}, "base": {"rollout": {"concurrency": 8, "buffer_size": 8}}}
     sc = StabilityConfig(

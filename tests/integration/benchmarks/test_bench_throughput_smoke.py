@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[3]
 def test_throughput_bench_smoke_times_the_learner_phases_and_the_cpu(
     tmp_path: Path, deepspeed_env: dict[str, str]
 ) -> None:
-    from benchmarks.bench_throughput import ThroughputConfig, run
+    from sao.benchmarks.bench_throughput import ThroughputConfig, run
 
     doc = run(
         ThroughputConfig(

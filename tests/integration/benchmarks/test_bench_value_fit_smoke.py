@@ -7,14 +7,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agent.records import write_jsonl
+from sao.agent.records import write_jsonl
 from tests.integration.trainer.test_value_pretrain import _marked_trajectories
 
 pytestmark = [pytest.mark.deepspeed]
 
 
 def test_value_fit_bench_compares_clips_on_one_split(tmp_path: Path, deepspeed_env: dict[str, str]) -> None:
-    from benchmarks.bench_value_fit import ValueFitConfig, run
+    from sao.benchmarks.bench_value_fit import ValueFitConfig, run
 
     rollouts = tmp_path / "rollouts.jsonl"
     write_jsonl(rollouts, _marked_trajectories(24))

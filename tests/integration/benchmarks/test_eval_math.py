@@ -17,13 +17,13 @@ from tests._require import missing
 
 @pytest.fixture(scope="module")
 def aime5() -> list[dict[str, str]]:
-    from envs.datasets import load_math_tasks
+    from sao.envs.datasets import load_math_tasks
 
     return load_math_tasks("aime25", limit=5)  # shipped in the package: never skipped
 
 
 def _run(args: list[str]) -> Any:
-    from sao_cli.main import app
+    from sao.cli.main import app
 
     res = CliRunner().invoke(app, ["eval", "math", *args])
     assert res.exit_code == 0, res.output + repr(res.exception)

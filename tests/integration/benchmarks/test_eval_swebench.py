@@ -23,8 +23,8 @@ pytestmark = [pytest.mark.docker, pytest.mark.slow]
 @pytest.fixture(scope="session")
 def eval_tasks(base_image: str) -> list[dict[str, Any]]:
     """One six task and one toolz task from the cached offline set (same cache as tests/integration/swe)."""
-    from envs.swe.tasks import ensure_offline_tasks
-    from envs.swe.tasks.fetch import FetchError
+    from sao.envs.swe.tasks import ensure_offline_tasks
+    from sao.envs.swe.tasks.fetch import FetchError
 
     try:
         records = ensure_offline_tasks(n_per_package=2)
@@ -49,7 +49,7 @@ def _script(path: Path, tasks: list[dict[str, Any]], gold: bool) -> str:
 
 
 def _eval(args: list[str]) -> Any:
-    from sao_cli.main import app
+    from sao.cli.main import app
 
     res = CliRunner().invoke(app, ["eval", "swebench", *args])
     assert res.exit_code == 0, res.output + repr(res.exception)

@@ -12,10 +12,10 @@ from typing import Any
 import deepspeed
 import torch
 
-from agent.engines.weight_sync import SyncPlan, destroy_group, init_group, receive
-from saocore.tiny_models import build_tiny_model
-from trainer import distributed as dist_utils
-from trainer.cluster.weights import make_plan, push
+from sao.agent.engines.weight_sync import SyncPlan, destroy_group, init_group, receive
+from sao.core.tiny_models import build_tiny_model
+from sao.trainer import distributed as dist_utils
+from sao.trainer.cluster.weights import make_plan, push
 
 
 def main(out: str, port: int) -> None:

@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-from agent.engines.protocols import EngineError, SamplingParams
-from agent.engines.vllm_engine import VLLMEngine
-from agent.engines.weight_sync import SyncPlan, WeightSyncError
-from trainer.cluster.weights import BroadcastSync, push
-from trainer.runs.commands import PushWeights
+from sao.agent.engines.protocols import EngineError, SamplingParams
+from sao.agent.engines.vllm_engine import VLLMEngine
+from sao.agent.engines.weight_sync import SyncPlan, WeightSyncError
+from sao.trainer.cluster.weights import BroadcastSync, push
+from sao.trainer.runs.commands import PushWeights
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 

@@ -36,10 +36,10 @@ async def test_nccl_broadcast_into_a_vllm_gpu_server(
     pytest.importorskip("vllm", reason="vllm (the GPU build) is not installed")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from agent.engines.protocols import SamplingParams
-    from agent.engines.vllm_engine import VLLMEngine
-    from agent.engines.vllm_server import LocalVLLMServer
-    from trainer.cluster.weights import BroadcastSync, push
+    from sao.agent.engines.protocols import SamplingParams
+    from sao.agent.engines.vllm_engine import VLLMEngine
+    from sao.agent.engines.vllm_server import LocalVLLMServer
+    from sao.trainer.cluster.weights import BroadcastSync, push
 
     tok = AutoTokenizer.from_pretrained(str(smollm2_dir))
     model: Any = AutoModelForCausalLM.from_pretrained(str(smollm2_dir), dtype=torch.float32).to("cuda:0")
@@ -81,8 +81,8 @@ def test_ray_backend_on_three_gpus(tmp_path: Path) -> None:
         pytest.importorskip(mod, reason=f"{mod} is not installed (the Ray run serves vLLM engines on TokenGame)")
     import ray
 
+    from sao.trainer.runs.run import train
     from tests.integration.cluster.test_ray_backend import STEPS, overrides
-    from trainer.runs.run import train
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     ray.init(num_gpus=3, num_cpus=8, namespace="sao", include_dashboard=False)

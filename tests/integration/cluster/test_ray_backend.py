@@ -79,8 +79,8 @@ def _read(path: Path) -> list[dict[str, Any]]:
 def test_ray_backend_two_nodes_broadcast_sync_and_a_killed_rollout_worker(
     ray_cluster: Any, smollm2_dir: Path, tmp_path: Path
 ) -> None:
-    from trainer.config import load_config
-    from trainer.runs.run import train
+    from sao.trainer.config import load_config
+    from sao.trainer.runs.run import train
 
     run_dir = tmp_path / "ray"
     cfg_file = tmp_path / "cfg.yaml"
@@ -110,7 +110,7 @@ def test_ray_backend_two_nodes_broadcast_sync_and_a_killed_rollout_worker(
 
 
 def test_the_same_config_runs_locally(smollm2_dir: Path, tmp_path: Path, deepspeed_env: dict[str, str]) -> None:
-    from trainer.runs.run import train
+    from sao.trainer.runs.run import train
 
     run_dir = tmp_path / "local"
     cfg_file = tmp_path / "cfg.yaml"

@@ -121,7 +121,7 @@ def test_sandbox_host_kill_then_driver_kill_then_resume(
 ) -> None:
     import ray
 
-    from trainer.runs.run_folder import latest_checkpoint
+    from sao.trainer.runs.run_folder import latest_checkpoint
 
     run_dir, log = tmp_path / "run", tmp_path / "sao.log"
     cfg_file = tmp_path / "cfg.yaml"
@@ -241,7 +241,7 @@ def test_a_killed_trainer_rank_ends_the_run_resumable_and_the_resume_trains_no_s
     the driver dies with exit 1), and `--resume` trains from that checkpoint without training a saved step again."""
     import ray
 
-    from trainer.runs.run_folder import latest_checkpoint
+    from sao.trainer.runs.run_folder import latest_checkpoint
 
     run_dir, log = tmp_path / "run", tmp_path / "sao.log"
     cfg_file = tmp_path / "cfg.yaml"

@@ -39,11 +39,11 @@ async def _kill(host: Any) -> dict[str, Any]:
 async def test_sandbox_host_runs_commands_dies_restarts_and_is_lost(ray_cluster: Any, base_image: str) -> None:
     import ray
 
-    from sandboxes.config import SandboxConfig
-    from sandboxes.docker import DockerSandbox
-    from sandboxes.pool import acquire_sandbox, use_pools
-    from sandboxes.protocols import SandboxUnavailableError
-    from trainer.cluster.sandbox_host import SandboxHostClient, SandboxHostImpl, episode_sandboxes
+    from sao.sandboxes.config import SandboxConfig
+    from sao.sandboxes.docker import DockerSandbox
+    from sao.sandboxes.pool import acquire_sandbox, use_pools
+    from sao.sandboxes.protocols import SandboxUnavailableError
+    from sao.trainer.cluster.sandbox_host import SandboxHostClient, SandboxHostImpl, episode_sandboxes
 
     host_cls: Any = ray.remote(SandboxHostImpl)
     host = host_cls.options(

@@ -9,15 +9,15 @@ from typing import Any
 
 import pytest
 
-from envs.checking import check_envs
-from envs.registration import list_envs
+from sao.envs.checking import check_envs
+from sao.envs.registration import list_envs
 
 pytestmark = pytest.mark.timeout(600)
 
 
 def _swe_kwargs(request: pytest.FixtureRequest) -> dict[str, Any]:
-    from envs.swe.tasks import ensure_offline_tasks
-    from envs.swe.tasks.fetch import FetchError
+    from sao.envs.swe.tasks import ensure_offline_tasks
+    from sao.envs.swe.tasks.fetch import FetchError
     from tests._require import missing
 
     request.getfixturevalue("base_image")  # Docker and the offline base image

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from gymnasium.utils.env_checker import check_env
 
-from envs.python_tool import PythonToolEnv
-from envs.tools import BashTool, EditorTool, PythonTool
+from sao.envs.python_tool import PythonToolEnv
+from sao.envs.tools import BashTool, EditorTool, PythonTool
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -50,7 +50,7 @@ def test_check_env_with_a_real_sandbox(sandbox_cfg: dict[str, Any]) -> None:
 
 
 async def test_bash_editor_python_tools_in_sandbox(sandbox_cfg: dict[str, Any]) -> None:
-    from sandboxes.factory import make_sandbox, sandbox_config_from_dict
+    from sao.sandboxes.factory import make_sandbox, sandbox_config_from_dict
 
     async with await make_sandbox(sandbox_config_from_dict(sandbox_cfg)) as sb:
         workdir = "/work" if sandbox_cfg["backend"] == "bwrap" else "/tmp"

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from envs.python_tool import PythonToolEnv
+from sao.envs.python_tool import PythonToolEnv
 
 pytestmark = pytest.mark.timeout(240)
 TASK = {"id": "t", "problem": "What is 2 + 2?", "answer": "4"}

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from sandboxes.config import SandboxConfig
+from sao.sandboxes.config import SandboxConfig
 
 
 def owned_containers(client: Any) -> set[str]:

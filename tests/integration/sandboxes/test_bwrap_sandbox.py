@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from sandboxes.bwrap import BwrapSandbox
-from sandboxes.config import SandboxConfig
-from sandboxes.protocols import SandboxError, SandboxUnavailableError
+from sao.sandboxes.bwrap import BwrapSandbox
+from sao.sandboxes.config import SandboxConfig
+from sao.sandboxes.protocols import SandboxError, SandboxUnavailableError
 from tests._require import missing
 
 pytestmark = pytest.mark.timeout(120)

@@ -58,7 +58,7 @@ class PrivateDockerd:
 
 @pytest.fixture()
 def dockerd(base_image: str) -> Iterator[PrivateDockerd]:
-    from saocore.paths import cache_dir
+    from sao.core.paths import cache_dir
 
     if shutil.which("dockerd") is None:
         missing("dockerd", "run `bash scripts/setup.sh`")
@@ -98,7 +98,7 @@ def call(name: str, **arguments: Any) -> str:
 
 
 def test_daemon_restart_mid_run(dockerd: PrivateDockerd) -> None:
-    from envs.python_tool import PythonToolEnv
+    from sao.envs.python_tool import PythonToolEnv
 
     sandbox = {"backend": "docker", "image": "sao-test-base:1", "docker_host": dockerd.url, "daemon_wait_s": 60}
     task = {"id": "t", "problem": "6*7?", "answer": "42"}
@@ -136,9 +136,9 @@ def test_daemon_restart_mid_run(dockerd: PrivateDockerd) -> None:
 
 
 def test_a_daemon_never_reached_fails_at_once(tmp_path: Path) -> None:
-    from sandboxes.config import SandboxConfig
-    from sandboxes.docker import DockerSandbox
-    from sandboxes.protocols import SandboxUnavailableError
+    from sao.sandboxes.config import SandboxConfig
+    from sao.sandboxes.docker import DockerSandbox
+    from sao.sandboxes.protocols import SandboxUnavailableError
 
     cfg = SandboxConfig(image="sao-test-base:1", docker_host=f"unix://{tmp_path}/none.sock", daemon_wait_s=60)
     t0 = time.monotonic()

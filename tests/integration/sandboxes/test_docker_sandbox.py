@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from sandboxes.config import SandboxConfig
-from sandboxes.docker import DockerSandbox, reap_orphans
-from sandboxes.protocols import (
+from sao.sandboxes.config import SandboxConfig
+from sao.sandboxes.docker import DockerSandbox, reap_orphans
+from sao.sandboxes.protocols import (
     ExecResult,
     ImageNotFoundError,
     SandboxDiedError,

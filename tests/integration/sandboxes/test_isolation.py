@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from sandboxes.config import SandboxConfig
-from sandboxes.protocols import Sandbox
+from sao.sandboxes.config import SandboxConfig
+from sao.sandboxes.protocols import Sandbox
 from tests._require import missing
 
 pytestmark = pytest.mark.timeout(180)
@@ -34,7 +34,7 @@ async def make_box(request: pytest.FixtureRequest) -> AsyncIterator[Factory]:
     if request.param == "docker":
         base = request.getfixturevalue("base_image")
         request.getfixturevalue("no_leftovers")
-        from sandboxes.docker import DockerSandbox
+        from sao.sandboxes.docker import DockerSandbox
 
         cfg = SandboxConfig(image=base, mem_limit="256m", cpus=1.0, pids_limit=64, kill_grace_s=3.0)
 
@@ -44,7 +44,7 @@ async def make_box(request: pytest.FixtureRequest) -> AsyncIterator[Factory]:
     else:
         if shutil.which("bwrap") is None:
             missing("bubblewrap", "run `apt-get install bubblewrap`")
-        from sandboxes.bwrap import BwrapSandbox
+        from sao.sandboxes.bwrap import BwrapSandbox
 
         async def make() -> Sandbox:
             made.append(await BwrapSandbox.create(SandboxConfig(backend="bwrap", mem_limit="512m")))
@@ -131,7 +131,7 @@ async def test_no_docker_socket_and_no_privileges(make_box: Factory) -> None:
 
 
 async def test_host_files_are_out_of_reach(make_box: Factory, tmp_path: Path) -> None:
-    from saocore.paths import cache_dir
+    from sao.core.paths import cache_dir
 
     token = uuid.uuid4().hex
     marker = tmp_path / f"marker-{token}"
@@ -180,7 +180,7 @@ async def test_another_episode_is_out_of_reach(make_box: Factory) -> None:
 
 @pytest.mark.docker
 async def test_docker_sandboxes_share_no_pid_or_ipc_namespace(base_image: str, no_leftovers: None) -> None:
-    from sandboxes.docker import DockerSandbox
+    from sao.sandboxes.docker import DockerSandbox
 
     cfg = SandboxConfig(image=base_image, mem_limit="256m", cpus=1.0, pids_limit=64)
     async with await DockerSandbox.create(cfg) as a, await DockerSandbox.create(cfg) as b:

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from sandboxes.config import SandboxConfig
-from sandboxes.docker import DockerSandbox
-from sandboxes.images import ContextSource, build_image_from_dir, build_task_image, ensure_image, pip_offline_lines
-from sandboxes.protocols import ImageNotFoundError
+from sao.sandboxes.config import SandboxConfig
+from sao.sandboxes.docker import DockerSandbox
+from sao.sandboxes.images import ContextSource, build_image_from_dir, build_task_image, ensure_image, pip_offline_lines
+from sao.sandboxes.protocols import ImageNotFoundError
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("no_leftovers"), pytest.mark.timeout(300)]
 

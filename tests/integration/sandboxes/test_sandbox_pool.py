@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from sandboxes.config import PoolConfig, SandboxConfig
-from sandboxes.factory import make_provider
-from sandboxes.pool import WarmPool
-from sandboxes.protocols import ImageNotFoundError
+from sao.sandboxes.config import PoolConfig, SandboxConfig
+from sao.sandboxes.factory import make_provider
+from sao.sandboxes.pool import WarmPool
+from sao.sandboxes.protocols import ImageNotFoundError
 from tests.integration.sandboxes.conftest import owned_containers
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("no_leftovers"), pytest.mark.timeout(120)]
@@ -95,7 +95,7 @@ async def test_missing_image_reaches_the_acquirer(docker_cfg: SandboxConfig) -> 
 
 # ---- the warm pool inside the sandboxed envs, through the episode runner ----------------------------------------
 async def test_python_tool_env_resets_from_the_runner_pool_fast(docker_cfg: SandboxConfig) -> None:
-    from benchmarks.bench_sandbox import bench_env_reset
+    from sao.benchmarks.bench_sandbox import bench_env_reset
 
     r = await bench_env_reset(docker_cfg, 4)
     assert r["pool_reset_p50_ms"] <= 50.0, r  # the goal of issue 14 item 4
@@ -105,7 +105,7 @@ async def test_python_tool_env_resets_from_the_runner_pool_fast(docker_cfg: Sand
 
 async def test_concurrent_python_tool_episodes_lose_nothing_and_leak_nothing(docker_cfg: SandboxConfig) -> None:
     # A small version of `sao bench sandbox --load 128`: 16 at once, then 8 more through the refilled pool.
-    from benchmarks.bench_sandbox import run_load
+    from sao.benchmarks.bench_sandbox import run_load
 
     r = await run_load(docker_cfg, 24, concurrency=16)
     assert r["completed"] == 24 and r["lost"] == 0, r
@@ -115,7 +115,7 @@ async def test_concurrent_python_tool_episodes_lose_nothing_and_leak_nothing(doc
 
 
 async def test_pool_set_keys_by_config_and_removes_everything_on_exit(docker_cfg: SandboxConfig) -> None:
-    from sandboxes.pool import acquire_sandbox, active_pools, warm_pools
+    from sao.sandboxes.pool import acquire_sandbox, active_pools, warm_pools
 
     other = SandboxConfig(**{**docker_cfg.__dict__, "mem_limit": "128m"})
     async with warm_pools(2) as pools:

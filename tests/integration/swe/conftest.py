@@ -12,8 +12,8 @@ from tests._require import missing
 @pytest.fixture(scope="session")
 def offline_tasks(base_image: str) -> list[dict[str, Any]]:
     """Validated SWE-bench-format records whose images exist on the Docker host (cold: ~2-3 min; warm: seconds)."""
-    from envs.swe.tasks import ensure_offline_tasks
-    from envs.swe.tasks.fetch import FetchError
+    from sao.envs.swe.tasks import ensure_offline_tasks
+    from sao.envs.swe.tasks.fetch import FetchError
 
     try:
         return ensure_offline_tasks(n_per_package=2)

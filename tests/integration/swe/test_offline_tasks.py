@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from envs.swe.grading import grade_patch
-from envs.swe.tasks import validate_instance
+from sao.envs.swe.grading import grade_patch
+from sao.envs.swe.tasks import validate_instance
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from envs.swe.env import SWEEnv
+from sao.envs.swe.env import SWEEnv
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(300)]
 

@@ -8,9 +8,9 @@ from typing import Any
 import gymnasium
 import pytest
 
-import envs  # noqa: F401 - registers the sao/ ids
-from envs.swe.env import SWEEnv
-from sandboxes.protocols import ImageNotFoundError
+import sao.envs  # noqa: F401 - registers the sao/ ids
+from sao.envs.swe.env import SWEEnv
+from sao.sandboxes.protocols import ImageNotFoundError
 
 pytestmark = pytest.mark.docker
 

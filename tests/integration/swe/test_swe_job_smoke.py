@@ -37,7 +37,7 @@ SMOKE = [
 
 def _trained(run: Path) -> list[Any]:
     """The trajectories the train stage's policy step consumed, from its ledger."""
-    from agent.records import Trajectory
+    from sao.agent.records import Trajectory
 
     by_uid: dict[str, Any] = {}
     trained: list[str] = []
@@ -54,10 +54,10 @@ def check_what_the_trainer_consumed(train: Path, start_model: Path, budget: int)
     """The checks of the module doc on a finished train stage ``train`` that started from ``start_model``."""
     from safetensors.torch import load_file
 
-    from trainer.algos.registry import PolicyLossInputs, get_advantage, get_policy_loss
-    from trainer.config import load_config
-    from trainer.learn.batch import collate
-    from trainer.learn.learner import Learner
+    from sao.trainer.algos.registry import PolicyLossInputs, get_advantage, get_policy_loss
+    from sao.trainer.config import load_config
+    from sao.trainer.learn.batch import collate
+    from sao.trainer.learn.learner import Learner
 
     trajs = _trained(train)
     assert len(trajs) == 2 and all(t.env_id == "sao/SWE-v0" for t in trajs)
@@ -119,7 +119,7 @@ def test_swe_job_trains_sao_on_docker_swe_rollouts(tmp_path: Path, smollm2_dir: 
     run = tmp_path / "swe"
     t0 = time.time()
     res = subprocess.run(
-        [sys.executable, "-m", "sao_cli.main", "train", str(ROOT / "configs/swe_quickstart.yaml"), f"run.dir={run}",
+        [sys.executable, "-m", "sao.cli.main", "train", str(ROOT / "configs/swe_quickstart.yaml"), f"run.dir={run}",
          *SMOKE],
         cwd=ROOT, env=cli_env(), capture_output=True, text=True, timeout=2400,
     )  # fmt: skip

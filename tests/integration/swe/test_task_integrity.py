@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from envs.swe.tasks.audit import audit_image, problems
-from sandboxes.docker import tar_one
+from sao.envs.swe.tasks.audit import audit_image, problems
+from sao.sandboxes.docker import tar_one
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -117,8 +117,8 @@ def _eval_script(base: str) -> str:
 
 
 def test_images_made_elsewhere_lose_their_future_history(base_image: str, docker_client: Any) -> None:
-    import envs  # noqa: F401 - registers the sao/ ids
-    from envs.swe.env import SWEEnv
+    import sao.envs  # noqa: F401 - registers the sao/ ids
+    from sao.envs.swe.env import SWEEnv
 
     box = docker_client.containers.run(
         base_image, ["sleep", "infinity"], detach=True, network_mode="none", labels={"sao.role": "test-audit"}
@@ -202,7 +202,7 @@ def test_the_grader_restores_test_files_before_running_them(
 ) -> None:
     """A patch that rewrites the tests to pass (instead of fixing the code) is not resolved: the eval script checks
     the test files out of ``base_commit`` first. Without that restore the same patch would resolve the task."""
-    from envs.swe.grading import grade_patch
+    from sao.envs.swe.grading import grade_patch
 
     task = offline_tasks[0]
     box = docker_client.containers.run(
@@ -225,8 +225,8 @@ def test_the_grader_restores_test_files_before_running_them(
 def test_the_agent_container_holds_none_of_the_graders_files(offline_tasks: list[dict[str, Any]]) -> None:
     """The eval script, the gold patch and the test lists live only in the grader's fresh container and the
     host's task record; the agent's container gets the repository and the problem statement."""
-    import envs  # noqa: F401 - registers the sao/ ids
-    from envs.swe.env import SWEEnv
+    import sao.envs  # noqa: F401 - registers the sao/ ids
+    from sao.envs.swe.env import SWEEnv
 
     task = offline_tasks[0]
     env = SWEEnv([task])

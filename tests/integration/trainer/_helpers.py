@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from agent.records import Segment, Trajectory
+from sao.agent.records import Segment, Trajectory
 
 
 def synthetic_trajectories(
@@ -15,7 +15,7 @@ def synthetic_trajectories(
 ) -> list[Trajectory]:
     """``n`` two-turn trajectories of random tokens whose action logprobs come from ``model`` (teacher forced,
     logits / ``temperature``), so the DIS ratio starts at 1; rewards alternate 0/1; pairs share a group id."""
-    from trainer.algos.logprobs import token_logprobs
+    from sao.trainer.algos.logprobs import token_logprobs
 
     rng = random.Random(seed)
     out = []

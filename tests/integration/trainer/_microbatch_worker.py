@@ -9,8 +9,8 @@ from typing import Any
 
 import torch
 
-from agent.records import Segment, Trajectory
-from trainer.config import config_from_dict
+from sao.agent.records import Segment, Trajectory
+from sao.trainer.config import config_from_dict
 
 # (prompt, action, observation, action) tokens per trajectory: 60, 35, 35 and 20 tokens. With a 70-token budget
 # on two ranks, rank 0 gets [60] [20] and rank 1 [35, 35] plus an empty micro batch.
@@ -21,7 +21,7 @@ SHAPES = [(10, 10, 30, 10), (5, 10, 10, 10), (5, 5, 20, 5), (4, 6, 4, 6)]
 
 def uneven_trajectories(model: Any, seed: int = 0, vocab: int = 500) -> list[Trajectory]:
     """Multi-turn trajectories of ``SHAPES`` with the model's own logprobs (DIS ratio 1), rewards 0/1 alternating."""
-    from trainer.algos.logprobs import token_logprobs
+    from sao.trainer.algos.logprobs import token_logprobs
 
     rng = random.Random(seed)
     out = []
@@ -48,9 +48,9 @@ def uneven_trajectories(model: Any, seed: int = 0, vocab: int = 500) -> list[Tra
 
 
 def learner(algorithm: str, micro_batch_size: int, micro_batch_tokens: int) -> Any:
-    from trainer import distributed
-    from trainer.learn.learner import Learner
-    from trainer.learn.models import load_actor, load_critic
+    from sao.trainer import distributed
+    from sao.trainer.learn.learner import Learner
+    from sao.trainer.learn.models import load_actor, load_critic
 
     distributed.init_distributed()
     cfg = config_from_dict(
@@ -98,7 +98,7 @@ def step_gradients(algorithm: str, micro_batch_size: int, micro_batch_tokens: in
 
 
 if __name__ == "__main__":
-    from trainer import distributed
+    from sao.trainer import distributed
 
     out = step_gradients("sao", 8, int(sys.argv[2]))
     if distributed.rank() == 0:

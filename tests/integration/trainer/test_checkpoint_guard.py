@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainer.config import load_config
+from sao.trainer.config import load_config
 
 pytestmark = [pytest.mark.deepspeed]
 
@@ -15,11 +15,11 @@ ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_nonfinite_weights_leave_the_last_good_checkpoint_latest(deepspeed_env: dict[str, str], tmp_path: Path) -> None:
-    from trainer import distributed
-    from trainer.rollout.ledger import Ledger
-    from trainer.rollout.pipeline import Coordinator, TaskSource
-    from trainer.runs.run import Trainer
-    from trainer.runs.run_folder import latest_checkpoint
+    from sao.trainer import distributed
+    from sao.trainer.rollout.ledger import Ledger
+    from sao.trainer.rollout.pipeline import Coordinator, TaskSource
+    from sao.trainer.runs.run import Trainer
+    from sao.trainer.runs.run_folder import latest_checkpoint
 
     distributed.init_distributed()
     cfg = load_config(ROOT / "configs" / "toy.yaml", [f"run.dir={tmp_path}", "run.tensorboard=false"])

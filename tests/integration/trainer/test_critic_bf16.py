@@ -6,15 +6,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trainer.config import config_from_dict
+from sao.trainer.config import config_from_dict
 
 pytestmark = [pytest.mark.deepspeed]
 
 
 def test_values_are_not_rounded_to_bf16_under_deepspeed_bf16(deepspeed_env: dict[str, str]) -> None:
-    from trainer import distributed
-    from trainer.learn.deepspeed_engine import make_engine
-    from trainer.learn.models import load_actor, load_critic
+    from sao.trainer import distributed
+    from sao.trainer.learn.deepspeed_engine import make_engine
+    from sao.trainer.learn.models import load_actor, load_critic
 
     distributed.init_distributed()
     cfg = config_from_dict(

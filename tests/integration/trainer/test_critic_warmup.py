@@ -30,8 +30,8 @@ def test_warmup_batches_train_only_the_critic_and_are_counted(
 ) -> None:
     """3 warm-up batches then 2 policy steps at K = 2: the critic steps (3 + 2) x 2 = 10 times, the actor twice,
     and the policy version moves only with the policy steps (the warm-up batches are all version 0)."""
-    from trainer.learn import learner as learner_mod
-    from trainer.runs.run import train
+    from sao.trainer.learn import learner as learner_mod
+    from sao.trainer.runs.run import train
 
     counts = {"actor": 0, "critic": 0}
     policies: list[bool] = []
@@ -76,17 +76,17 @@ def test_warmup_batches_train_only_the_critic_and_are_counted(
 
 
 def test_warmup_is_refused_for_an_algorithm_without_a_critic() -> None:
-    from trainer.config import ConfigError, load_config
+    from sao.trainer.config import ConfigError, load_config
 
     with pytest.raises(ConfigError, match="critic_warmup_steps"):
         load_config(ROOT / "configs/toy.yaml", ["trainer.algorithm=running_mean", "trainer.critic_warmup_steps=2"])
 
 
 def test_the_critic_has_its_own_gradient_clip(deepspeed_env: dict[str, str]) -> None:
-    from trainer import distributed
-    from trainer.config import config_from_dict
-    from trainer.learn.learner import Learner
-    from trainer.learn.models import load_actor, load_critic
+    from sao.trainer import distributed
+    from sao.trainer.config import config_from_dict
+    from sao.trainer.learn.learner import Learner
+    from sao.trainer.learn.models import load_actor, load_critic
 
     distributed.init_distributed()
     cfg = config_from_dict(

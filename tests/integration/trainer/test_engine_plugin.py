@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[3]
 def test_the_toy_run_trains_on_the_doc_engine(
     tmp_path: Path, deepspeed_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from trainer.runs.run import train
+    from sao.trainer.runs.run import train
 
     sampler = register_doc_engine()["TorchSampler"]
     generated: list[int] = []

@@ -29,7 +29,7 @@ def _state(run: Path) -> dict[str, Any]:
 
 
 def _resume_and_check_the_books(run: Path, steps: int, ranks: int = 1) -> None:
-    from trainer.rollout.ledger import replay
+    from sao.trainer.rollout.ledger import replay
 
     if ranks == 1:
         res = subprocess.run(

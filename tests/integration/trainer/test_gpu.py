@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from sao.trainer.config import config_from_dict
 from tests.conftest import free_port
 from tests.integration.trainer._helpers import synthetic_trajectories
 from tests.integration.trainer.test_runs import FAST, ROOT, _env, _steps
-from trainer.config import config_from_dict
 
 pytestmark = [pytest.mark.gpu, pytest.mark.deepspeed]
 # The GPU machine has no deepspeed until the wheels of `bash scripts/gpu_check.sh --prepare` are installed there.
@@ -31,9 +31,9 @@ def needs_gpus(n: int) -> pytest.MarkDecorator:
 
 @needs_gpus(1)
 def test_bf16_sao_step_on_cuda_with_nccl(deepspeed_env: dict[str, str]) -> None:
-    from trainer import distributed
-    from trainer.learn.learner import Learner
-    from trainer.learn.models import load_actor, load_critic
+    from sao.trainer import distributed
+    from sao.trainer.learn.learner import Learner
+    from sao.trainer.learn.models import load_actor, load_critic
 
     distributed.init_distributed()
     assert torch.distributed.get_backend() == "nccl"
@@ -64,7 +64,7 @@ def test_two_gpus_nccl_zero3_toy_run_stays_identical(tmp_path: Path) -> None:
     run = tmp_path / "gpu2"
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
-        "-m", "sao_cli.main", "train", str(ROOT / "configs/toy.yaml"), f"run.dir={run}", "run.total_steps=2",
+        "-m", "sao.cli.main", "train", str(ROOT / "configs/toy.yaml"), f"run.dir={run}", "run.total_steps=2",
         "deepspeed.zero_stage=3", "deepspeed.bf16=true", "run.param_digest=true", *FAST,
     ]  # fmt: skip
     res = subprocess.run(cmd, env=_env(), cwd=ROOT, capture_output=True, text=True, timeout=900)

@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.deepspeed, pytest.mark.slow]
 
 
 def test_plugin_env_trains_a_step_with_a_quiet_console(tmp_path: Path) -> None:
-    from saocore.paths import torch_extensions_dir
+    from sao.core.paths import torch_extensions_dir
 
     site = install_plugin(tmp_path / "plugin")
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
@@ -34,7 +34,7 @@ def test_plugin_env_trains_a_step_with_a_quiet_console(tmp_path: Path) -> None:
         f"env.id={PLUGIN_ENV_ID}", "env.kwargs={turns: 1, symbols: AB}", "trainer.batch_size=4",
         "deepspeed.micro_batch_size=4", "rollout.concurrency=4", "rollout.buffer_size=4",
     ]  # fmt: skip
-    cmd = [sys.executable, "-m", "sao_cli.main", "train", str(ROOT / "configs/toy.yaml"), *overrides]
+    cmd = [sys.executable, "-m", "sao.cli.main", "train", str(ROOT / "configs/toy.yaml"), *overrides]
     res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert res.returncode == 0, res.stdout + res.stderr
     steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

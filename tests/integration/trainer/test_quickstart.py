@@ -31,7 +31,7 @@ def test_staged_quickstart_runs_every_stage_and_prints_the_table(
     env = cli_env()
     t0 = time.time()
     res = subprocess.run(
-        [sys.executable, "-m", "sao_cli.main", "train", str(ROOT / "configs/quickstart.yaml"), f"run.dir={run}", *TINY],
+        [sys.executable, "-m", "sao.cli.main", "train", str(ROOT / "configs/quickstart.yaml"), f"run.dir={run}", *TINY],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200,
     )  # fmt: skip
     assert res.returncode == 0, res.stderr[-4000:]

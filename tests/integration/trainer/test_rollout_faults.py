@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
+from sao.trainer.rollout.ledger import replay
+from sao.trainer.runs.run_folder import latest_state
 from tests.integration.sandboxes.test_daemon_restart import PrivateDockerd, dockerd  # noqa: F401 - the fixture
 from tests.integration.trainer.test_runs import FAST, ROOT, _env, _sao, _steps
-from trainer.rollout.ledger import replay
-from trainer.runs.run_folder import latest_state
 
 pytestmark = [pytest.mark.docker, pytest.mark.deepspeed, pytest.mark.slow, pytest.mark.timeout(900)]
 

@@ -32,7 +32,7 @@ pytestmark = [pytest.mark.deepspeed, pytest.mark.slow]
 
 
 def _env() -> dict[str, str]:
-    from saocore.paths import torch_extensions_dir
+    from sao.core.paths import torch_extensions_dir
 
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
     env.setdefault("TORCH_EXTENSIONS_DIR", str(torch_extensions_dir()))
@@ -41,7 +41,7 @@ def _env() -> dict[str, str]:
 
 
 def _sao(*args: str) -> list[str]:
-    return [sys.executable, "-m", "sao_cli.main", *args]
+    return [sys.executable, "-m", "sao.cli.main", *args]
 
 
 def _steps(run_dir: Path) -> list[int]:
@@ -58,7 +58,7 @@ def _steps(run_dir: Path) -> list[int]:
 
 
 def test_kill9_and_resume_keeps_the_books(tmp_path: Path) -> None:
-    from trainer.rollout.ledger import replay
+    from sao.trainer.rollout.ledger import replay
 
     run = tmp_path / "run"
     args = ["train", str(ROOT / "configs/toy.yaml"), f"run.dir={run}", "run.total_steps=5", "run.save_every=2", *FAST]
@@ -92,7 +92,7 @@ def test_kill9_and_resume_keeps_the_books(tmp_path: Path) -> None:
 def test_resume_with_another_config_is_refused(tmp_path: Path) -> None:
     run = tmp_path / "run"
     run.mkdir()
-    from trainer.config import load_config, save_config
+    from sao.trainer.config import load_config, save_config
 
     save_config(load_config(ROOT / "configs/toy.yaml", [f"run.dir={run}"]), run / "config.yaml")
     res = subprocess.run(
@@ -121,7 +121,7 @@ def test_two_ranks_train_and_stay_identical(tmp_path: Path, stage: int) -> None:
     run = tmp_path / f"z{stage}"
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
-        "-m", "sao_cli.main", "train", str(ROOT / "configs/toy.yaml"), f"run.dir={run}", "run.total_steps=2",
+        "-m", "sao.cli.main", "train", str(ROOT / "configs/toy.yaml"), f"run.dir={run}", "run.total_steps=2",
         f"deepspeed.zero_stage={stage}", "run.param_digest=true", *FAST,
     ]  # fmt: skip
     res = subprocess.run(cmd, env=_env(), cwd=ROOT, capture_output=True, text=True, timeout=600)

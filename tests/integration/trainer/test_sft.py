@@ -53,7 +53,7 @@ def _weights(d: Path) -> dict[str, torch.Tensor]:
 def test_sft_lowers_the_action_loss_and_resume_matches_an_unbroken_run(
     tmp_path: Path, deepspeed_env: dict[str, str], smollm2_dir: Path
 ) -> None:
-    from trainer.sft.run import sft
+    from sao.trainer.sft.run import sft
 
     data = _data(tmp_path / "conv.jsonl")
     run_dir, _ = sft(str(_config(tmp_path, data, 4)), [f"run.dir={tmp_path / 'full'}"])
@@ -76,8 +76,8 @@ def test_sft_lowers_the_action_loss_and_resume_matches_an_unbroken_run(
 
 def test_the_loss_covers_action_tokens_only() -> None:
     """The SFT loss is the summed NLL of exactly the action tokens (each predicted from everything before it)."""
-    from saocore.tiny_models import build_tiny_model
-    from trainer.sft.run import action_nll
+    from sao.core.tiny_models import build_tiny_model
+    from sao.trainer.sft.run import action_nll
 
     model: Any = build_tiny_model("llama", seed=0)
     ids = torch.arange(20, 36).unsqueeze(0)

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import torch
 
+from sao.trainer.config import config_from_dict
 from tests.integration.trainer._helpers import synthetic_trajectories
-from trainer.config import config_from_dict
 
 pytestmark = [pytest.mark.deepspeed]
 
@@ -31,9 +31,9 @@ def _learner(
     deepspeed: dict[str, Any] | None = None,
     **trainer: object,
 ) -> tuple[Any, list[Any]]:
-    from trainer import distributed
-    from trainer.learn.learner import Learner
-    from trainer.learn.models import load_actor, load_critic
+    from sao.trainer import distributed
+    from sao.trainer.learn.learner import Learner
+    from sao.trainer.learn.models import load_actor, load_critic
 
     distributed.init_distributed()
     cfg = config_from_dict(
@@ -52,7 +52,7 @@ def _learner(
 
 
 def test_sao_step_moves_actor_and_only_non_attention_critic_params(deepspeed_env: dict[str, str]) -> None:
-    from trainer.learn.models import attention_param_names
+    from sao.trainer.learn.models import attention_param_names
 
     learner, trajs = _learner("sao", critic_updates_per_step=2)
     critic = learner.critic.module
@@ -133,7 +133,7 @@ def test_k_critic_steps_and_ppo_epochs_are_counted(
 
 
 def test_an_algorithm_registered_outside_the_package_trains(deepspeed_env: dict[str, str]) -> None:
-    from trainer.algos.registry import ALGORITHMS
+    from sao.trainer.algos.registry import ALGORITHMS
 
     if "reinforce_rm" not in ALGORITHMS:
         doc = (Path(__file__).resolve().parents[3] / "docs" / "register_algorithm.md").read_text()

@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from agent.records import Trajectory
+from sao.agent.records import Trajectory
 from tests.integration.trainer.test_step import _changed, _count_optimizer_steps, _learner, _snapshot
 
 pytestmark = [pytest.mark.deepspeed]

@@ -9,7 +9,7 @@ import pytest
 import torch
 import yaml
 
-from agent.records import write_jsonl
+from sao.agent.records import write_jsonl
 from tests.integration.trainer._helpers import synthetic_trajectories
 
 pytestmark = [pytest.mark.deepspeed]
@@ -18,10 +18,10 @@ pytestmark = [pytest.mark.deepspeed]
 def test_pretrained_critic_is_loadable_and_fits_the_returns(
     tmp_path: Path, deepspeed_env: dict[str, str], smollm2_dir: Path
 ) -> None:
-    from saocore.tiny_models import build_tiny_model
-    from trainer.config import load_config
-    from trainer.learn.models import load_actor, load_critic
-    from trainer.learn.value_pretrain import pretrain_value
+    from sao.core.tiny_models import build_tiny_model
+    from sao.trainer.config import load_config
+    from sao.trainer.learn.models import load_actor, load_critic
+    from sao.trainer.learn.value_pretrain import pretrain_value
 
     rollouts = tmp_path / "rollouts.jsonl"
     write_jsonl(rollouts, synthetic_trajectories(build_tiny_model("llama"), 16))
@@ -54,7 +54,7 @@ def test_pretrained_critic_is_loadable_and_fits_the_returns(
 def _marked_trajectories(n: int) -> list[Any]:
     """Two-turn trajectories whose reward is written in the prompt (its first token 7 -> 1, 9 -> 0): a critic can
     learn it, so its explained variance on held-out tasks must rise above 0."""
-    from agent.records import Segment, Trajectory
+    from sao.agent.records import Segment, Trajectory
 
     out = []
     for i in range(n):
@@ -76,8 +76,8 @@ def test_fit_critic_reports_held_out_explained_variance_above_zero(
 ) -> None:
     """The pretrain_value stage's core: a fit on whole tasks, the explained variance on tasks it never saw before
     (a fresh value head: about 0 or below) and after (clearly above 0)."""
-    from trainer.config import config_from_dict
-    from trainer.learn.value_pretrain import fit_critic, split_by_task
+    from sao.trainer.config import config_from_dict
+    from sao.trainer.learn.value_pretrain import fit_critic, split_by_task
 
     cfg = config_from_dict(
         {

@@ -8,9 +8,9 @@ import httpx
 import pytest
 from agent_fakes import ScriptedEnv
 
-from agent.chat_loop import run_chat_episode
-from agent.engines.openai_chat import NotTrainableError, OpenAIChatModel, tool_call_text
-from agent.engines.protocols import EngineError, SamplingParams
+from sao.agent.chat_loop import run_chat_episode
+from sao.agent.engines.openai_chat import NotTrainableError, OpenAIChatModel, tool_call_text
+from sao.agent.engines.protocols import EngineError, SamplingParams
 
 
 def endpoint(replies: list[dict], seen: list[dict], status: int = 200) -> httpx.MockTransport:

@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from agent.engines import registry
-from agent.engines.protocols import SamplingParams
-from agent.engines.registry import InProcessArgs, ModelSpecError, engine_spec, register_engine
-from agent.engines.scripted import load_script
-from saocore.tiny_models import build_tiny_model
+from sao.agent.engines import registry
+from sao.agent.engines.protocols import SamplingParams
+from sao.agent.engines.registry import InProcessArgs, ModelSpecError, engine_spec, register_engine
+from sao.agent.engines.scripted import load_script
+from sao.core.tiny_models import build_tiny_model
+from sao.trainer.config import ConfigError, load_config
 from tests._engine_doc import register_doc_engine
-from trainer.config import ConfigError, load_config
 
 ROOT = Path(__file__).resolve().parents[3]
 TOY = ROOT / "configs" / "toy.yaml"
@@ -130,12 +130,12 @@ def test_script_errors_name_the_line(tmp_path: Path) -> None:
 # ---- engine names are branched on in the registry only ------------------------------------------------------------
 # ("local" is left out: it is also cluster.backend's value.)
 ENGINE_WORDS = {"hf", "vllm", "solver", "swe_demonstrator", "openai", "scripted"}
-REGISTRY_FILES = {"agent/engines/registry.py", "agent/engines/builtin.py"}
+REGISTRY_FILES = {"sao/agent/engines/registry.py", "sao/agent/engines/builtin.py"}
 # Files that name engines for another reason than choosing one:
 NOT_A_CHOICE = {
-    "benchmarks/bench_engine.py",  # `sao bench engine` measures the hf and vllm engines side by side, by name
-    "sao_cli/bench.py",  # its --engines option (hf and/or vllm) for that benchmark
-    "benchmarks/throughput_probe.py",  # labels the CPU time of vLLM server processes by their command line
+    "sao/benchmarks/bench_engine.py",  # `sao bench engine` measures the hf and vllm engines side by side, by name
+    "sao/cli/bench.py",  # its --engines option (hf and/or vllm) for that benchmark
+    "sao/benchmarks/throughput_probe.py",  # labels the CPU time of vLLM server processes by their command line
 }
 
 
@@ -163,7 +163,7 @@ def test_the_checker_sees_a_branch_on_an_engine_name() -> None:
 
 def test_engine_names_are_branched_on_only_in_the_registry() -> None:
     found = []
-    for pkg in ("saocore", "sandboxes", "envs", "agent", "trainer", "benchmarks", "sao_cli"):
+    for pkg in ("sao/core", "sao/sandboxes", "sao/envs", "sao/agent", "sao/trainer", "sao/benchmarks", "sao/cli"):
         for path in sorted((ROOT / pkg).rglob("*.py")):
             rel = path.relative_to(ROOT).as_posix()
             if rel not in REGISTRY_FILES | NOT_A_CHOICE:

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from agent.engines.hf_engine import HFEngine
-from agent.engines.protocols import SamplingParams
-from saocore.tiny_models import build_tiny_model
+from sao.agent.engines.hf_engine import HFEngine
+from sao.agent.engines.protocols import SamplingParams
+from sao.core.tiny_models import build_tiny_model
 
 VOCAB = 256
 
@@ -49,8 +49,9 @@ async def test_concurrent_callers_share_a_batch_and_get_their_own_tokens(model: 
 def trainer_logprobs(
     model: torch.nn.Module, prompt: list[int], gen: tuple[int, ...], temperature: float
 ) -> torch.Tensor:
-    """The trainer's recompute (``trainer.algos.logprobs.token_logprobs``, logits / T) of ``gen`` after ``prompt``."""
-    from trainer.algos.logprobs import token_logprobs
+    """The trainer's recompute (``sao.trainer.algos.logprobs.token_logprobs``, logits / T) of ``gen`` after
+    ``prompt``."""
+    from sao.trainer.algos.logprobs import token_logprobs
 
     ids = torch.tensor([prompt + list(gen)])
     with torch.no_grad():

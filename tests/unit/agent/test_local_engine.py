@@ -7,9 +7,9 @@ import asyncio
 import pytest
 import torch
 
-from agent.engines.local_engine import LocalEngine, restrict_logits
-from agent.engines.protocols import SamplingParams
-from saocore.tiny_models import build_tiny_model
+from sao.agent.engines.local_engine import LocalEngine, restrict_logits
+from sao.agent.engines.protocols import SamplingParams
+from sao.core.tiny_models import build_tiny_model
 
 
 @pytest.mark.parametrize("temperature", [0.5, 2.0])

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from agent_fakes import CharChatMLTokenizer, ScriptedEnv
 
-from agent.chat import TOOLS_TEXT_FORMAT, ChatRenderer
-from agent.engines.scripted import ScriptedEngine
-from agent.loop import AgentConfig, run_episode
+from sao.agent.chat import TOOLS_TEXT_FORMAT, ChatRenderer
+from sao.agent.engines.scripted import ScriptedEngine
+from sao.agent.loop import AgentConfig, run_episode
 
 TOK = CharChatMLTokenizer()
 EOS = TOK.eos_token_id

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.records import Segment, Trajectory, read_jsonl, write_jsonl
-from agent.records_arrow import from_dataset, read_parquet, to_dataset, write_parquet
+from sao.agent.records import Segment, Trajectory, read_jsonl, write_jsonl
+from sao.agent.records_arrow import from_dataset, read_parquet, to_dataset, write_parquet
 
 floats = st.floats(-20, 0, allow_nan=False)
 

@@ -7,10 +7,10 @@ from pathlib import Path
 
 from agent_fakes import CharChatMLTokenizer, ScriptedEnv
 
-from agent.engines.scripted import ScriptedEngine
-from agent.loop import AgentConfig
-from agent.records import read_jsonl
-from agent.rollout import Episode, EpisodeRunner, RunnerConfig, TokenPlayer, episodes_of
+from sao.agent.engines.scripted import ScriptedEngine
+from sao.agent.loop import AgentConfig
+from sao.agent.records import read_jsonl
+from sao.agent.rollout import Episode, EpisodeRunner, RunnerConfig, TokenPlayer, episodes_of
 
 TOK = CharChatMLTokenizer()
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from agent_fakes import CharChatMLTokenizer, ScriptedEnv
 
-from agent.engines.scripted import ScriptedEngine
-from agent.loop import AgentConfig
-from agent.records import Trajectory
-from agent.rollout import EpisodeRunner, RunnerConfig, TokenPlayer, episodes_of
+from sao.agent.engines.scripted import ScriptedEngine
+from sao.agent.loop import AgentConfig
+from sao.agent.records import Trajectory
+from sao.agent.rollout import EpisodeRunner, RunnerConfig, TokenPlayer, episodes_of
 
 TOK = CharChatMLTokenizer()
 
@@ -33,8 +33,8 @@ async def test_the_progress_line_counts_every_episode(capsys: pytest.CaptureFixt
 async def test_eta_is_timed_by_turns_while_every_episode_is_in_flight(monkeypatch: pytest.MonkeyPatch) -> None:
     """32 episodes at once: before any finishes, the ETA comes from the turns done (the quickstart's eval sat at
     ``episodes 0/32`` for 1.5 min and then showed a 45-minute ETA for a stage that ended 50 s later)."""
-    import saocore.console as console
-    from agent.rollout import _progress
+    import sao.core.console as console
+    from sao.agent.rollout import _progress
 
     clock = [100.0]
     monkeypatch.setattr(console.time, "monotonic", lambda: clock[0])
@@ -60,8 +60,8 @@ async def test_eta_is_timed_by_turns_while_every_episode_is_in_flight(monkeypatc
 async def test_an_episode_that_ends_during_the_first_wave_gives_no_eta(monkeypatch: pytest.MonkeyPatch) -> None:
     """Seen in the main job's eval (64 at once): ``episodes 1/64 1:11<1:14:51`` for a stage that took 3 min; the
     episode count's rate is no better than the turns' before the first wave of turns is over."""
-    import saocore.console as console
-    from agent.rollout import _progress
+    import sao.core.console as console
+    from sao.agent.rollout import _progress
 
     clock = [100.0]
     monkeypatch.setattr(console.time, "monotonic", lambda: clock[0])

@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 from agent_fakes import CharChatMLTokenizer, ScriptedEnv
 
-from agent.engines.protocols import EngineError
-from agent.engines.registry import make_demonstrator
-from agent.engines.swe_demonstrator import next_call, parse_patch, unshown_steps
-from agent.loop import AgentConfig, run_episode
+from sao.agent.engines.protocols import EngineError
+from sao.agent.engines.registry import make_demonstrator
+from sao.agent.engines.swe_demonstrator import next_call, parse_patch, unshown_steps
+from sao.agent.loop import AgentConfig, run_episode
 
 TOK = CharChatMLTokenizer()
 PATCH = """diff --git a/pkg/m.py b/pkg/m.py

@@ -7,8 +7,8 @@ import json
 import httpx
 import pytest
 
-from agent.engines.protocols import EngineError, SamplingParams
-from agent.engines.vllm_engine import VLLMEngine
+from sao.agent.engines.protocols import EngineError, SamplingParams
+from sao.agent.engines.vllm_engine import VLLMEngine
 
 
 def completion(ids: list[int]) -> dict:

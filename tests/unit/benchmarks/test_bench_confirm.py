@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.bench_confirm import (
+from sao.benchmarks.bench_confirm import (
     ConfirmConfig,
     arm_result,
     between_arms,
@@ -93,7 +93,7 @@ def test_arm_rows_pair_each_arm_with_the_sft_eval_on_the_same_tasks(tmp_path: Pa
 def test_time_limited_counts_the_last_run_of_an_eval_stage(tmp_path: Path) -> None:
     import json
 
-    from benchmarks.bench_confirm import time_limited
+    from sao.benchmarks.bench_confirm import time_limited
 
     def rec(reason: str | None) -> str:
         return json.dumps({"task_id": "t", "info": {"truncation_reason": reason} if reason else {}})
@@ -166,7 +166,7 @@ def test_the_swe_comparison_gives_grpo_whole_groups_of_one_task_and_the_sao_budg
 def _confirm_json(out: Path, arms: dict[str, tuple[dict[str, int], dict[str, int]]]) -> None:
     import json
 
-    from trainer.runs.stages import paired_difference
+    from sao.trainer.runs.stages import paired_difference
 
     rows = []
     for name, (sft, rl) in arms.items():
@@ -182,7 +182,7 @@ def _confirm_json(out: Path, arms: dict[str, tuple[dict[str, int], dict[str, int
 def test_confirm_pool_pools_each_arm_over_seeds_by_task_and_names_bad_input(tmp_path: Path) -> None:
     import json
 
-    from benchmarks.bench_confirm import run_pool
+    from sao.benchmarks.bench_confirm import run_pool
 
     sft = {"a": 0, "b": 0, "c": 1, "d": 0}
     _confirm_json(tmp_path / "s0", {"sao": (sft, {"a": 1, "b": 1, "c": 1, "d": 0}),
@@ -224,7 +224,7 @@ def test_confirm_pool_takes_a_whole_job_folder_as_one_arm_with_its_own_sft_eval(
 
     import yaml
 
-    from benchmarks.bench_confirm import run_pool
+    from sao.benchmarks.bench_confirm import run_pool
 
     job = tmp_path / "job"
     (job / "04_train").mkdir(parents=True)

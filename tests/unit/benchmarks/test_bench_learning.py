@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.bench_learning import (
+from sao.benchmarks.bench_learning import (
     LearningConfig,
     first_reach,
     post_shift_success,
@@ -19,7 +19,7 @@ from benchmarks.bench_learning import (
     summarize_runs,
     task_variants,
 )
-from benchmarks.rl_bench_common import deep_update, load_yaml, mean_std
+from sao.benchmarks.rl_bench_common import deep_update, load_yaml, mean_std
 
 ROOT = Path(__file__).resolve().parents[3]
 SPEC = ROOT / "configs/bench/learning.yaml"
@@ -64,7 +64,7 @@ def test_post_shift_success_reads_the_steps_after_each_shift() -> None:
 
 
 def test_every_shipped_run_config_is_a_valid_trainer_config(tmp_path: Path) -> None:
-    from trainer.config import config_from_dict
+    from sao.trainer.config import config_from_dict
 
     spec = load_yaml(SPEC)
     assert set(spec["tasks"]) == {"main", "difficulty", "difficulty_symbol", "multiturn", "latency", "online_writing"}
@@ -106,8 +106,8 @@ def test_no_correction_loss_ignores_the_ratio() -> None:
     """The bench's 'no correction' arm: gradient -A/N on logp whatever the rollout logprob (DIS would mask)."""
     import torch
 
-    from benchmarks.rl_bench_common import register_bench_algorithms
-    from trainer.algos.registry import PolicyLossInputs, get_algorithm, get_policy_loss
+    from sao.benchmarks.rl_bench_common import register_bench_algorithms
+    from sao.trainer.algos.registry import PolicyLossInputs, get_algorithm, get_policy_loss
 
     register_bench_algorithms()
     register_bench_algorithms()  # idempotent
@@ -152,7 +152,7 @@ def test_demonstrations_follow_the_oracle_settings(tmp_path: Path) -> None:
     """Chat demonstrations for the warm start: right on copy prompts, never right on next prompts here."""
     import json
 
-    from benchmarks.rl_bench_common import write_demonstrations
+    from sao.benchmarks.rl_bench_common import write_demonstrations
 
     kw = {"turns": 2, "symbols": "ABC", "rule": "mixed", "reward": "partial"}
     spec = {"accuracy_by_rule": {"copy": 1.0, "next": 0.0}}
@@ -176,7 +176,7 @@ def test_demonstrations_follow_the_oracle_settings(tmp_path: Path) -> None:
 
 def test_map_runs_calls_in_worker_processes_in_order() -> None:
     """``--jobs``: results come back in call order whatever order the workers finish in; progress per call."""
-    from benchmarks.rl_bench_common import map_in_workers as _map
+    from sao.benchmarks.rl_bench_common import map_in_workers as _map
 
     seen: list[int] = []
     assert _map(pow, [(2, 3), (3, 2), (5, 1)], 2, lambda i, _: seen.append(i)) == [8, 9, 5]
@@ -193,7 +193,7 @@ def test_demonstrations_can_be_right_more_often_on_one_symbol(tmp_path: Path) ->
     """``accuracy_by_symbol``: prompts of different difficulty where the shown symbol decides it."""
     import json
 
-    from benchmarks.rl_bench_common import write_demonstrations
+    from sao.benchmarks.rl_bench_common import write_demonstrations
 
     kw = {"turns": 1, "symbols": "AB", "rule": "copy", "reward": "all"}
     skew = {"accuracy_by_symbol": {"A": 1.0, "B": 0.0}}

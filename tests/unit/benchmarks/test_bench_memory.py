@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.bench_memory import MemoryBenchConfig, run
+from sao.benchmarks.bench_memory import MemoryBenchConfig, run
 
 
 def test_chunked_step_peaks_below_a_quarter_of_naive_with_the_same_result(tmp_path: Path) -> None:

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.bench_microbatch import MicrobatchBenchConfig, run, synthetic_trajectories, target_lengths
-from trainer.learn.batch import collate
+from sao.benchmarks.bench_microbatch import MicrobatchBenchConfig, run, synthetic_trajectories, target_lengths
+from sao.trainer.learn.batch import collate
 
 
 def test_lengths_are_the_heavy_tailed_quantiles_in_random_order() -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.bench_stability import (
+from sao.benchmarks.bench_stability import (
     StabilityConfig,
     drop_from_best,
     run,
@@ -16,7 +16,7 @@ from benchmarks.bench_stability import (
     smoothed,
     stability_summary,
 )
-from benchmarks.rl_bench_common import load_yaml
+from sao.benchmarks.rl_bench_common import load_yaml
 
 ROOT = Path(__file__).resolve().parents[3]
 SPEC = ROOT / "configs/bench/stability.yaml"
@@ -60,8 +60,8 @@ def test_run_summary_reads_the_dynamics() -> None:
 
 
 def test_shipped_config_is_long_lagged_and_valid(tmp_path: Path) -> None:
-    from benchmarks.rl_bench_common import register_bench_algorithms
-    from trainer.config import config_from_dict
+    from sao.benchmarks.rl_bench_common import register_bench_algorithms
+    from sao.trainer.config import config_from_dict
 
     register_bench_algorithms()
     spec = load_yaml(SPEC)
@@ -102,7 +102,7 @@ def test_pool_map_runs_calls_in_workers_with_progress() -> None:
     import operator
     import time as _time
 
-    from benchmarks.rl_bench_common import map_in_workers as _pool_map
+    from sao.benchmarks.rl_bench_common import map_in_workers as _pool_map
 
     got: dict[int, object] = {}
     seen: list[set[int]] = []
@@ -113,7 +113,7 @@ def test_pool_map_runs_calls_in_workers_with_progress() -> None:
 
 
 def test_steps_written_counts_metric_lines(tmp_path: Path) -> None:
-    from benchmarks.bench_stability import _steps_written
+    from sao.benchmarks.bench_stability import _steps_written
 
     assert _steps_written(tmp_path) == 0
     (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n')

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.records import Segment, Trajectory
-from benchmarks.bench_staleness import Setting, StalenessBenchConfig, length_bias, run
+from sao.agent.records import Segment, Trajectory
+from sao.benchmarks.bench_staleness import Setting, StalenessBenchConfig, length_bias, run
 
 
 def _ledger(path: Path, n: int = 16) -> Path:
@@ -67,7 +67,7 @@ def test_a_file_without_wall_times_is_refused(tmp_path: Path) -> None:
 def test_the_cli_names_a_missing_ledger_and_a_bad_setting(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
-    from sao_cli.main import app
+    from sao.cli.main import app
 
     res = CliRunner().invoke(app, ["bench", "staleness", str(tmp_path / "nope.jsonl"), "--step-s", "1"])
     assert res.exit_code == 2 and "not found; pass a run's trajectories.jsonl" in _plain(res.output)

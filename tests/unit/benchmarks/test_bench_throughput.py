@@ -10,9 +10,9 @@ import gymnasium
 import pytest
 from gymnasium.utils.env_checker import check_env
 
-from benchmarks.bench_throughput import ThroughputConfig, _scaled, summarize, variant_configs
-from benchmarks.latency_env import ENV_ID, LatencyEnv, lognormal_stats
-from benchmarks.rl_bench_common import build_word_tokenizer, env_texts, load_yaml
+from sao.benchmarks.bench_throughput import ThroughputConfig, _scaled, summarize, variant_configs
+from sao.benchmarks.latency_env import ENV_ID, LatencyEnv, lognormal_stats
+from sao.benchmarks.rl_bench_common import build_word_tokenizer, env_texts, load_yaml
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -54,7 +54,7 @@ def test_scale_keeps_grpo_batches_whole_groups() -> None:
 
 
 def test_variant_configs_from_the_shipped_file_are_valid_trainer_configs(tmp_path: Path) -> None:
-    from trainer.config import config_from_dict
+    from sao.trainer.config import config_from_dict
 
     spec = load_yaml(ROOT / "configs/bench/throughput.yaml")
     bc = ThroughputConfig(out=tmp_path, steps=7, latency_sigma=2.0)
@@ -68,8 +68,8 @@ def test_variant_configs_from_the_shipped_file_are_valid_trainer_configs(tmp_pat
 
 
 def test_the_real_parts_config_gives_valid_trainer_configs_without_the_latency_env(tmp_path: Path) -> None:
-    from benchmarks.bench_throughput import uses_latency_env
-    from trainer.config import config_from_dict
+    from sao.benchmarks.bench_throughput import uses_latency_env
+    from sao.trainer.config import config_from_dict
 
     spec = load_yaml(ROOT / "configs/bench/throughput_real.yaml")
     assert not uses_latency_env(spec) and uses_latency_env(load_yaml(ROOT / "configs/bench/throughput.yaml"))
@@ -138,7 +138,7 @@ def test_word_tokenizer_encodes_env_text_and_actions_as_single_tokens(tmp_path: 
 
 
 def test_phase_means_and_steady_cores_use_the_steps_after_warmup() -> None:
-    from benchmarks.bench_throughput import steady_cores
+    from sao.benchmarks.bench_throughput import steady_cores
 
     rows = [_row(1, 10.0, 0.5, 0.0, 4), _row(2, 10.0, 0.0, 1.0, 8), _row(3, 10.0, 0.0, 1.0, 12)]
     for i, r in enumerate(rows):
@@ -160,7 +160,7 @@ def test_phase_means_and_steady_cores_use_the_steps_after_warmup() -> None:
 
 
 def test_goal_is_checked_for_every_sao_variant() -> None:
-    from benchmarks.bench_throughput import goal_check
+    from sao.benchmarks.bench_throughput import goal_check
 
     def res(algo: str, ratio: float, idle: float, lag: float) -> dict[str, object]:
         s = {"ratio_vs_sync_grpo": ratio, "trainer_idle_frac": idle, "policy_lag_mean": lag}
@@ -178,7 +178,7 @@ def test_cpu_sampler_sees_a_busy_child_process_and_the_machine() -> None:
     import subprocess
     import sys
 
-    from benchmarks.throughput_probe import CpuSampler, cores_used
+    from sao.benchmarks.throughput_probe import CpuSampler, cores_used
 
     sampler = CpuSampler(period_s=0.2).start()
     burn = "import time\nwhile time.process_time() < 1.0: pass"  # 1 s of CPU, however loaded the machine is

@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from benchmarks import eval_swebench
-from benchmarks.eval_common import EvalError
-from benchmarks.eval_harness import load_predictions
-from envs.swe.tasks.instance import eval_script
+from sao.benchmarks import eval_swebench
+from sao.benchmarks.eval_common import EvalError
+from sao.benchmarks.eval_harness import load_predictions
+from sao.envs.swe.tasks.instance import eval_script
 
 IDS = {"demo__pkg-1", "demo__pkg-2"}
 
@@ -67,7 +67,7 @@ def test_good_predictions_jsonl_and_json(tmp_path: Path) -> None:
 
 
 def test_cli_grade_only_rejects_a_malformed_file_before_grading(tmp_path: Path) -> None:
-    from sao_cli.main import app
+    from sao.cli.main import app
 
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text("".join(json.dumps(record(i)) + "\n" for i in sorted(IDS)))

@@ -10,10 +10,10 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from benchmarks.gpu_check import _time_for, values_bf16_rounded, with_torch_adam
-from benchmarks.gpu_check_flops import FlopShape, step_flops
-from benchmarks.gpu_check_report import junit_cases, log_tail, ok, parse_parts, render
-from saocore.tiny_models import build_tiny_model
+from sao.benchmarks.gpu_check import _time_for, values_bf16_rounded, with_torch_adam
+from sao.benchmarks.gpu_check_flops import FlopShape, step_flops
+from sao.benchmarks.gpu_check_report import junit_cases, log_tail, ok, parse_parts, render
+from sao.core.tiny_models import build_tiny_model
 
 
 @pytest.mark.parametrize("kind", ["llama", "moe"])
@@ -139,7 +139,7 @@ def test_verdict_needs_every_part_test_and_length() -> None:
 
 
 def test_bf16_rounded_values_tell_a_bf16_head_from_a_float32_one() -> None:
-    from trainer.learn.models import ValueModel
+    from sao.trainer.learn.models import ValueModel
 
     class Engine(torch.nn.Module):  # what the check reads of a DeepSpeed engine: .module and the forward
         def __init__(self, module: torch.nn.Module) -> None:

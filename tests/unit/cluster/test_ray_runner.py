@@ -6,9 +6,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from agent.records import Trajectory
-from agent.rollout import Episode
-from trainer.cluster.ray_backend import RayRolloutRunner
+from sao.agent.records import Trajectory
+from sao.agent.rollout import Episode
+from sao.trainer.cluster.ray_backend import RayRolloutRunner
 
 
 class _Method:

@@ -9,9 +9,9 @@ from typing import Any
 import httpx
 import pytest
 
-from agent.engines.protocols import EngineError
-from agent.engines.vllm_engine import VLLMEngine
-from agent.engines.weight_sync import SyncPlan
+from sao.agent.engines.protocols import EngineError
+from sao.agent.engines.vllm_engine import VLLMEngine
+from sao.agent.engines.weight_sync import SyncPlan
 
 
 def _engine(handler: Any, n: int = 2) -> VLLMEngine:

@@ -1,4 +1,4 @@
-"""agent.engines.weight_sync: bucket planning, a real gloo broadcast between two group members, the timeouts."""
+"""sao.agent.engines.weight_sync: bucket planning, a real gloo broadcast between two group members, the timeouts."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from agent.engines.weight_sync import (
+from sao.agent.engines.weight_sync import (
     BucketSender,
     SyncPlan,
     TensorSpec,

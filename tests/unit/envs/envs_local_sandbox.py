@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from types import TracebackType
 
-from sandboxes.protocols import ExecResult, SandboxError
+from sao.sandboxes.protocols import ExecResult, SandboxError
 
 
 class LocalSandbox:

@@ -9,11 +9,11 @@ from typing import ClassVar
 import pytest
 from envs_local_sandbox import LocalSandbox
 
-from envs.base import Grade, ToolEnv
-from envs.protocols import Tool
-from envs.tools import BashTool, EditorTool, PythonTool
-from envs.tools._common import command_output, how_it_ended
-from sandboxes.protocols import ExecResult, SandboxDiedError
+from sao.envs.base import Grade, ToolEnv
+from sao.envs.protocols import Tool
+from sao.envs.tools import BashTool, EditorTool, PythonTool
+from sao.envs.tools._common import command_output, how_it_ended
+from sao.sandboxes.protocols import ExecResult, SandboxDiedError
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from envs.datasets import BENCHMARKS, load_math_tasks, load_tasks
+from sao.envs.datasets import BENCHMARKS, load_math_tasks, load_tasks
 
 
 @pytest.mark.parametrize(("name", "rows"), [("aime24", 30), ("aime25", 30), ("imo_answerbench", 400)])
@@ -26,7 +26,7 @@ def test_package_data_declared_for_every_benchmark() -> None:
     import tomllib
 
     root = Path(__file__).resolve().parents[3]
-    patterns = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["envs"]
+    patterns = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["sao.envs"]
     for file in BENCHMARKS.values():
         assert any(Path("data", file).match(p) for p in patterns), f"{file} would not be installed by pip"
 
@@ -70,8 +70,8 @@ def test_bad_dataset_specs_say_what_is_accepted(tmp_path: Path) -> None:
 
 
 def test_model_alias_resolves_in_training_and_eval(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from benchmarks.eval_common import parse_model_spec
-    from saocore.paths import resolve_model_path, smollm2_dir
+    from sao.benchmarks.eval_common import parse_model_spec
+    from sao.core.paths import resolve_model_path, smollm2_dir
 
     monkeypatch.setenv("SAO_CACHE", str(tmp_path))
     d = smollm2_dir()
@@ -83,7 +83,7 @@ def test_model_alias_resolves_in_training_and_eval(tmp_path: Path, monkeypatch: 
     assert parse_model_spec("hf:smollm2").path == str(d)
     import transformers
 
-    from agent.engines.registry import load_tokenizer
+    from sao.agent.engines.registry import load_tokenizer
 
     seen: list[str] = []
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda path, **kw: seen.append(path))

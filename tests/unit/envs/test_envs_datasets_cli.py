@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from envs.datasets import arithmetic_tasks, load_math_tasks
-from envs.python_tool import grade_answer
+from sao.envs.datasets import arithmetic_tasks, load_math_tasks
+from sao.envs.python_tool import grade_answer
 
 
 def test_arithmetic_answers_are_right_and_reproducible() -> None:
@@ -42,7 +42,7 @@ def test_imo_answerbench_loads_latex_answers() -> None:
 
 
 def test_sao_envs_list_and_check() -> None:
-    from sao_cli.main import app
+    from sao.cli.main import app
 
     runner = CliRunner()
     res = runner.invoke(app, ["envs", "list"])

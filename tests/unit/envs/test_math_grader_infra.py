@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from envs_local_sandbox import LocalSandbox
 
-import envs.python_tool as python_tool
-from envs.python_tool import GraderError, PythonToolEnv, grade_answer
+import sao.envs.python_tool as python_tool
+from sao.envs.python_tool import GraderError, PythonToolEnv, grade_answer
 
 # math-verify needs far more than a second to compare this tower with a number: a real grader timeout.
 SLOW = "9^{9^{9^{9}}}"
@@ -58,7 +58,7 @@ def test_episode_with_a_grader_timeout_is_an_infra_error(tmp_path: Path, short_t
 
 
 def test_math_eval_sample_with_a_grader_timeout_is_an_infra_error(short_timeout: None) -> None:
-    from benchmarks.eval_math import PlainAnswerEnv
+    from sao.benchmarks.eval_math import PlainAnswerEnv
 
     async def run() -> tuple[float, dict[str, Any]]:
         env = PlainAnswerEnv()

@@ -6,8 +6,8 @@ import gymnasium as gym
 import pytest
 from gymnasium.utils.env_checker import check_env
 
-import envs  # noqa: F401 - registers the ids
-from envs.online_writing import OnlineWritingEnv, StyleSchedule, judge
+import sao.envs  # noqa: F401 - registers the ids
+from sao.envs.online_writing import OnlineWritingEnv, StyleSchedule, judge
 
 
 @pytest.mark.parametrize(

@@ -10,8 +10,8 @@ import pytest
 from envs_local_sandbox import LocalSandbox
 from gymnasium.utils.env_checker import check_env
 
-import envs  # noqa: F401 - registers the ids
-from envs.python_tool import PythonToolEnv, grade_answer, last_boxed
+import sao.envs  # noqa: F401 - registers the ids
+from sao.envs.python_tool import PythonToolEnv, grade_answer, last_boxed
 
 TASK = {"id": "t1", "problem": "What is 6*7?", "answer": "42"}
 
@@ -59,7 +59,7 @@ def test_grade_answer_uses_math_verify(gold: str, pred: str, ok: bool) -> None:
 
 
 def test_aime_gold_answers_boxed_score_one(make_env) -> None:
-    from envs.datasets import load_math_tasks
+    from sao.envs.datasets import load_math_tasks
 
     tasks = load_math_tasks("aime24", limit=5)
     env = make_env(dataset=tasks)

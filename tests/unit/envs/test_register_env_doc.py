@@ -27,7 +27,7 @@ def test_doc_snippets_run_and_the_env_works() -> None:
     for block in blocks:
         exec(compile(block, str(DOC), "exec"), ns)
     assert ns["obs"] == "Submitted." and ns["reward"] == 1.0 and ns["terminated"] is True
-    from envs import list_envs
+    from sao.envs import list_envs
 
     assert ("sao/Reverse-v0", "Spell a word backwards with a reverse tool.") in list_envs()
     env = gym.make("sao/Reverse-v0")

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[3]
 
 def _sao(args: list[str], pythonpath: Path) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, PYTHONPATH=f"{pythonpath}{os.pathsep}{ROOT}", COLUMNS="200")
-    cmd = [sys.executable, "-m", "sao_cli.main", *args]
+    cmd = [sys.executable, "-m", "sao.cli.main", *args]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
 
 
@@ -52,7 +52,7 @@ def test_module_colon_id_form_without_installing(tmp_path: Path) -> None:
 
 
 def test_bad_env_kwarg_or_id_fails_before_the_first_episode(tmp_path: Path) -> None:
-    from sao_cli.main import app
+    from sao.cli.main import app
 
     run_dir = tmp_path / "run"
     res = CliRunner().invoke(app, ["train", str(ROOT / "configs/toy.yaml"), f"run.dir={run_dir}", "env.kwargs.bogus=1"])
@@ -66,7 +66,7 @@ def test_bad_env_kwarg_or_id_fails_before_the_first_episode(tmp_path: Path) -> N
 
 
 def test_preflight_makes_the_env_once() -> None:
-    from envs.registration import EnvSetupError, preflight
+    from sao.envs.registration import EnvSetupError, preflight
 
     preflight("sao/TokenGame-v0", {"turns": 2})
     with pytest.raises(EnvSetupError, match="TokenGame turns must be >= 1"):
@@ -76,7 +76,7 @@ def test_preflight_makes_the_env_once() -> None:
 def test_preflight_fails_on_a_sandbox_backend_that_does_not_answer(tmp_path: Path) -> None:
     """A stopped Docker daemon fails the run before its first episode with the fix in the message (measured: a main
     job whose daemon had stopped played 64 collect episodes as infra errors, then failed in SFT)."""
-    from envs.registration import EnvSetupError, preflight
+    from sao.envs.registration import EnvSetupError, preflight
 
     dead = {"backend": "docker", "docker_host": f"unix://{tmp_path}/no-daemon.sock"}
     with pytest.raises(EnvSetupError, match=r"cannot reach its sandbox backend: the Docker daemon .*start dockerd"):
@@ -88,7 +88,7 @@ def test_preflight_fails_on_a_sandbox_backend_that_does_not_answer(tmp_path: Pat
 def test_register_env_doc_config_loads(tmp_path: Path) -> None:
     import re
 
-    from trainer.config import load_config
+    from sao.trainer.config import load_config
 
     doc = (ROOT / "docs" / "register_env.md").read_text()
     (block,) = re.findall(r"```yaml\n(.*?)```", doc, re.DOTALL)
@@ -99,7 +99,7 @@ def test_register_env_doc_config_loads(tmp_path: Path) -> None:
 
 
 def test_list_shows_sao_and_plugin_envs_only_with_their_origin() -> None:
-    from envs.registration import env_origin, list_envs
+    from sao.envs.registration import env_origin, list_envs
 
     ids = [i for i, _ in list_envs()]
     assert "sao/TokenGame-v0" in ids and env_origin("sao/TokenGame-v0") == "sao"

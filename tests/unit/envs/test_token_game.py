@@ -6,8 +6,8 @@ import gymnasium as gym
 import pytest
 from gymnasium.utils.env_checker import check_env
 
-import envs  # noqa: F401 - registers the ids
-from envs.token_game import TokenGameEnv
+import sao.envs  # noqa: F401 - registers the ids
+from sao.envs.token_game import TokenGameEnv
 
 
 def play(env: TokenGameEnv, answers: list[str]) -> tuple[list[float], dict]:

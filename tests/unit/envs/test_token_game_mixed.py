@@ -7,7 +7,7 @@ from typing import Any
 import gymnasium
 import pytest
 
-import envs  # noqa: F401 - registers the sao/ envs
+import sao.envs  # noqa: F401 - registers the sao/ envs
 
 
 def _env(**kw: Any) -> Any:

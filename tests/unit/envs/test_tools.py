@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 from envs_local_sandbox import LocalSandbox
 
-from envs.protocols import Tool
-from envs.tools import BashTool, EditorTool, PythonTool, SubmitTool
-from sandboxes.protocols import SandboxError
+from sao.envs.protocols import Tool
+from sao.envs.tools import BashTool, EditorTool, PythonTool, SubmitTool
+from sao.sandboxes.protocols import SandboxError
 
 
 @pytest.fixture()

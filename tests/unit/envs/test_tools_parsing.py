@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from envs.protocols import FormatError, ToolCall
-from envs.tools.parsing import parse_action
+from sao.envs.protocols import FormatError, ToolCall
+from sao.envs.tools.parsing import parse_action
 
 FENCED = {"python": ("python", "code")}
 

@@ -12,7 +12,7 @@ import docker
 import pytest
 import requests
 
-import sandboxes.docker as sdocker
+import sao.sandboxes.docker as sdocker
 
 
 def _dead_pid() -> int:
@@ -86,7 +86,7 @@ class _RestartingApi:
 
 def test_a_daemon_lost_between_start_and_preparation_is_waited_for(monkeypatch: pytest.MonkeyPatch) -> None:
     """It used to reach the episode as a raw ConnectionError at once (no wait through the restart)."""
-    from sandboxes.config import SandboxConfig
+    from sao.sandboxes.config import SandboxConfig
 
     api = _RestartingApi()
     client = type("C", (), {"api": api})()

@@ -12,11 +12,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sandboxes.config import PoolConfig, SandboxConfig, parse_bytes
-from sandboxes.docker import _Framer, pump_frames
-from sandboxes.factory import sandbox_config_from_dict
-from sandboxes.images import ContextSource, _with_stopsignal, content_hash
-from sandboxes.output import OutputCapper, truncation_marker
+from sao.sandboxes.config import PoolConfig, SandboxConfig, parse_bytes
+from sao.sandboxes.docker import _Framer, pump_frames
+from sao.sandboxes.factory import sandbox_config_from_dict
+from sao.sandboxes.images import ContextSource, _with_stopsignal, content_hash
+from sao.sandboxes.output import OutputCapper, truncation_marker
 
 
 def capped_reference(data: bytes, cap: int) -> bytes:
@@ -176,7 +176,7 @@ class _Box:
 
 
 def test_disk_watch_kills_past_the_limit_only_while_growing() -> None:
-    from sandboxes.docker import _DiskWatch
+    from sao.sandboxes.docker import _DiskWatch
 
     mib = 1 << 20
     box = _Box(10 * mib)

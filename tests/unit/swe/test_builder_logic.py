@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from envs.swe.tasks.builder import BuildConfig, _candidates, _relevant_tests
-from envs.swe.tasks.mutations import Mutation
+from sao.envs.swe.tasks.builder import BuildConfig, _candidates, _relevant_tests
+from sao.envs.swe.tasks.mutations import Mutation
 
 SOURCES = {
     "pkg/core.py": (
@@ -52,8 +52,8 @@ def test_build_config_rejects_bad_values() -> None:
 def test_a_bug_whose_fix_the_package_repeats_in_the_same_file_is_dropped_other_copies_fail_the_build(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from envs.swe.tasks import builder, fetch
-    from envs.swe.tasks.mutations import Mutation
+    from sao.envs.swe.tasks import builder, fetch
+    from sao.envs.swe.tasks.mutations import Mutation
 
     m = Mutation("comparison_flip", "pkg/core.py", "area", 3, "flip", "def area(w, h):\n    return w * h\n")
     found = builder._Found(m, "diff --git a/pkg/core.py b/pkg/core.py\n", ["t::a"], [], ["t"], [])

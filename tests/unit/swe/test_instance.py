@@ -8,15 +8,15 @@ from typing import Any
 
 import pytest
 
-from envs.swe.tasks.fetch import SdistSpec
-from envs.swe.tasks.instance import (
+from sao.envs.swe.tasks.fetch import SdistSpec
+from sao.envs.swe.tasks.instance import (
     eval_script,
     load_instances,
     problem_statement,
     validate_instance,
     with_official_image,
 )
-from envs.swe.tasks.runner import failure_excerpts, parse_pytest
+from sao.envs.swe.tasks.runner import failure_excerpts, parse_pytest
 
 
 def record(**over: Any) -> dict[str, Any]:
@@ -139,7 +139,7 @@ def test_official_instances_get_the_published_image_name() -> None:
 
 
 def test_a_location_hint_names_function_and_file_but_never_the_fix() -> None:
-    from envs.swe.tasks.instance import with_location_hint
+    from sao.envs.swe.tasks.instance import with_location_hint
 
     mutation = {"path": "demo/core.py", "function": "Box.scale", "operator": "comparison_flip"}
     rec = {"instance_id": "a", "problem_statement": "`test_a` fails in demo\n", "patch": "-x < 0\n+x <= 0\n",
@@ -166,7 +166,7 @@ PATCH = """diff --git a/demo/core.py b/demo/core.py
 
 
 def test_a_line_hint_names_the_line_a_one_hunk_patch_rewrites_and_never_the_fix() -> None:
-    from envs.swe.tasks.instance import changed_lines, with_location_hint
+    from sao.envs.swe.tasks.instance import changed_lines, with_location_hint
 
     assert changed_lines(PATCH) == ("demo/core.py", 42, 42)
     assert changed_lines(PATCH.replace("-    if x < 0:\n", "-    if x < 0:\n-    y = 1\n")) == ("demo/core.py", 42, 43)

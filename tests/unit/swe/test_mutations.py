@@ -7,7 +7,7 @@ import difflib
 
 import pytest
 
-from envs.swe.tasks.mutations import OPERATORS, Mutation, is_valid, mutations
+from sao.envs.swe.tasks.mutations import OPERATORS, Mutation, is_valid, mutations
 
 SRC = '''"""Module."""
 

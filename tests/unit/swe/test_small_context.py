@@ -7,8 +7,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from envs.swe.env import SWEEnv, cut_lines
-from envs.swe.tasks.instance import eval_script, validate_instance, with_test_sample
+from sao.envs.swe.env import SWEEnv, cut_lines
+from sao.envs.swe.tasks.instance import eval_script, validate_instance, with_test_sample
 
 
 def test_long_output_keeps_head_and_tail_around_a_marker() -> None:

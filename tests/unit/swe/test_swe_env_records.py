@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from envs.swe.env import SWEEnv
+from sao.envs.swe.env import SWEEnv
 
 
 def test_malformed_record_is_a_value_error() -> None:

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from envs.datasets import held_out_spec, load_tasks
-from envs.swe.tasks import offline
+from sao.envs.datasets import held_out_spec, load_tasks
+from sao.envs.swe.tasks import offline
 
 
 def test_held_out_spec_names_the_split_of_swe_sets_only() -> None:

@@ -9,9 +9,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trainer.algos.advantages import RunningMeanBaseline, gae, grpo_advantages, skip_observation_gae
-from trainer.algos.reference import grpo_loop, skip_observation_gae_loop
-from trainer.algos.registry import (
+from sao.trainer.algos.advantages import RunningMeanBaseline, gae, grpo_advantages, skip_observation_gae
+from sao.trainer.algos.reference import grpo_loop, skip_observation_gae_loop
+from sao.trainer.algos.registry import (
     AdvantageInputs,
     Registry,
     advantage_names,
@@ -131,7 +131,7 @@ def test_long_rows_cross_many_chunks() -> None:
 
 @pytest.mark.parametrize("c", [0.0, 0.5, 0.97, 1.0])
 def test_blocked_scan_matches_the_recursion_at_every_depth(c: float) -> None:
-    from trainer.algos.advantages import _discounted_reverse_cumsum
+    from sao.trainer.algos.advantages import _discounted_reverse_cumsum
 
     # 35000 > 32**3 steps: the chunk heads recurse three levels deep
     x = torch.randn(1, 35000, generator=torch.Generator().manual_seed(3), dtype=torch.float64)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer.config import ConfigError, config_from_dict, load_config
+from sao.trainer.config import ConfigError, config_from_dict, load_config
 
 ROOT = Path(__file__).resolve().parents[3]
 

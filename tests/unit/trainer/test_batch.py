@@ -7,8 +7,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from agent.records import Segment, Trajectory
-from trainer.learn.batch import collate
+from sao.agent.records import Segment, Trajectory
+from sao.trainer.learn.batch import collate
 
 PAD = 0
 

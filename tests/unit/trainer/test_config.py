@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer.config import ConfigError, config_diff, config_from_dict, load_config, parse_overrides, save_config
+from sao.trainer.config import ConfigError, config_diff, config_from_dict, load_config, parse_overrides, save_config
 
 CONFIGS = Path(__file__).resolve().parents[3] / "configs"
 
@@ -99,7 +99,7 @@ def test_specs_drive_the_derived_settings() -> None:
 
 
 def test_a_spec_check_runs() -> None:
-    from trainer.algos.registry import ALGORITHMS, AlgorithmSpec, register_algorithm
+    from sao.trainer.algos.registry import ALGORITHMS, AlgorithmSpec, register_algorithm
 
     if "test_even_k" not in ALGORITHMS:
         register_algorithm(
@@ -120,7 +120,7 @@ def test_a_spec_check_runs() -> None:
 def test_multi_turn_configs_use_a_lambda_under_which_skip_observation_gae_matters(name: str) -> None:
     import torch
 
-    from trainer.algos.advantages import gae, skip_observation_gae
+    from sao.trainer.algos.advantages import gae, skip_observation_gae
 
     t = load_config(CONFIGS / name).trainer
     assert t.critic_lam == 1.0

@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-from trainer.algos.losses import decoupled_ppo_loss, dis_policy_loss
-from trainer.algos.registry import policy_loss_traits
-from trainer.config import DIS_BANDS, ConfigError, config_from_dict
+from sao.trainer.algos.losses import decoupled_ppo_loss, dis_policy_loss
+from sao.trainer.algos.registry import policy_loss_traits
+from sao.trainer.config import DIS_BANDS, ConfigError, config_from_dict
 
 
 def test_presets_are_the_papers_bands() -> None:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from saocore.tiny_models import build_tiny_model
-from trainer.config import ConfigError, config_from_dict
-from trainer.learn.models import ValueModel, attention_param_names, freeze_attention, load_critic
+from sao.core.tiny_models import build_tiny_model
+from sao.trainer.config import ConfigError, config_from_dict
+from sao.trainer.learn.models import ValueModel, attention_param_names, freeze_attention, load_critic
 
 
 @pytest.mark.parametrize("kind", ["llama", "moe"])

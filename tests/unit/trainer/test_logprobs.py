@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trainer.algos.logprobs import token_logprobs
+from sao.trainer.algos.logprobs import token_logprobs
 
 B, T, H, V = 2, 9, 16, 50
 
@@ -209,7 +209,7 @@ def test_no_grad_and_short_inputs() -> None:
 
 
 def test_tiny_hf_model_hidden_states_give_the_model_logits() -> None:
-    from saocore.tiny_models import build_tiny_model
+    from sao.core.tiny_models import build_tiny_model
 
     model = build_tiny_model("llama", seed=0, vocab_size=V)
     ids = torch.randint(0, V, (B, T), generator=torch.Generator().manual_seed(1))

@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trainer.algos.losses import (
+from sao.trainer.algos.losses import (
     decoupled_ppo_loss,
     dis_policy_loss,
     entropy_from_logits,
@@ -17,8 +17,8 @@ from trainer.algos.losses import (
     ppo_clip_loss,
     value_loss,
 )
-from trainer.algos.reference import dis_weights_loop
-from trainer.algos.registry import PolicyLossInputs, get_policy_loss, policy_loss_names
+from sao.trainer.algos.reference import dis_weights_loop
+from sao.trainer.algos.registry import PolicyLossInputs, get_policy_loss, policy_loss_names
 
 FAST = settings(max_examples=40, deadline=None)
 

@@ -1,4 +1,4 @@
-"""Micro batches by a token budget (``trainer.learn.deepspeed_engine.micro_rows`` / ``shard_batch``): the plan's
+"""Micro batches by a token budget (``sao.trainer.learn.deepspeed_engine.micro_rows`` / ``shard_batch``): the plan's
 invariants, the row cut it replaces, empty micro batches that keep ranks in step, and a gradient equal to the unsplit
 batch's."""
 
@@ -10,12 +10,12 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from agent.records import Segment, Trajectory
-from trainer import distributed as dist_utils
-from trainer.algos.losses import value_loss
-from trainer.config import ConfigError, DeepSpeedConfig, config_from_dict
-from trainer.learn.batch import Batch, collate
-from trainer.learn.deepspeed_engine import critic_step, micro_rows, shard_batch, shard_like, token_scale
+from sao.agent.records import Segment, Trajectory
+from sao.trainer import distributed as dist_utils
+from sao.trainer.algos.losses import value_loss
+from sao.trainer.config import ConfigError, DeepSpeedConfig, config_from_dict
+from sao.trainer.learn.batch import Batch, collate
+from sao.trainer.learn.deepspeed_engine import critic_step, micro_rows, shard_batch, shard_like, token_scale
 
 
 def _plan_rows(plan: list[list[list[int]]]) -> list[int]:
@@ -169,8 +169,8 @@ class _Accumulator:
 
 
 def _critic() -> torch.nn.Module:
-    from saocore.tiny_models import build_tiny_model
-    from trainer.learn.models import ValueModel
+    from sao.core.tiny_models import build_tiny_model
+    from sao.trainer.learn.models import ValueModel
 
     lm = build_tiny_model("llama", seed=0, vocab_size=VOCAB)
     torch.manual_seed(1)
@@ -191,7 +191,7 @@ def _returns(b: Batch) -> torch.Tensor:
 def test_the_gradient_equals_the_unsplit_unsorted_batch(
     at_rank: Callable[[int, int], None], world: int, budget: int
 ) -> None:
-    from trainer.learn.models import shifted_values
+    from sao.trainer.learn.models import shifted_values
 
     critic = _critic()
     full = collate(_trajectories(UNEVEN), pad_token_id=0)

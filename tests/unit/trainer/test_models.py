@@ -6,8 +6,8 @@ from typing import Any
 
 import torch
 
-from saocore.tiny_models import build_tiny_model
-from trainer.learn.models import ValueModel, shifted_values
+from sao.core.tiny_models import build_tiny_model
+from sao.trainer.learn.models import ValueModel, shifted_values
 
 
 def test_shifted_values_moves_every_value_one_token_right() -> None:
@@ -51,8 +51,8 @@ def test_gradient_checkpointing_keeps_fewer_activations_for_backward() -> None:
     from_pretrained is in eval mode): the bytes autograd keeps for backward shrink, for actor and critic."""
     from pathlib import Path
 
-    from trainer.config import load_config
-    from trainer.learn.models import load_actor, load_critic
+    from sao.trainer.config import load_config
+    from sao.trainer.learn.models import load_actor, load_critic
 
     toy = Path(__file__).resolve().parents[3] / "configs" / "toy.yaml"
     kept: dict[tuple[bool, str], int] = {}

@@ -7,9 +7,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from agent.records import Segment, Trajectory
-from trainer.rollout.ledger import Ledger, replay
-from trainer.rollout.pipeline import Coordinator, TaskSource
+from sao.agent.records import Segment, Trajectory
+from sao.trainer.rollout.ledger import Ledger, replay
+from sao.trainer.rollout.pipeline import Coordinator, TaskSource
 
 
 def _traj(version: int, status: str = "ok") -> Trajectory:
@@ -170,7 +170,7 @@ class EnvTasks:
     def __init__(self) -> None:
         import gymnasium
 
-        import envs  # noqa: F401 - registers the sao/ ids
+        import sao.envs  # noqa: F401 - registers the sao/ ids
 
         self.env = gymnasium.make("sao/TokenGame-v0", turns=[1, 4], symbols="AB", rule="copy")
 

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from agent.records import Segment, Trajectory, write_jsonl
-from agent.records_arrow import write_parquet
-from trainer.config import ConfigError
-from trainer.learn.value_pretrain import read_rollouts
+from sao.agent.records import Segment, Trajectory, write_jsonl
+from sao.agent.records_arrow import write_parquet
+from sao.trainer.config import ConfigError
+from sao.trainer.learn.value_pretrain import read_rollouts
 
 
 def _trajs() -> list[Trajectory]:

@@ -9,15 +9,15 @@ from typing import Any
 
 import pytest
 
-from agent.engines.scripted import ScriptedEngine
-from agent.loop import AgentConfig
-from agent.records import read_jsonl
-from agent.rollout import RunnerConfig, TokenPlayer
+from sao.agent.engines.scripted import ScriptedEngine
+from sao.agent.loop import AgentConfig
+from sao.agent.records import read_jsonl
+from sao.agent.rollout import RunnerConfig, TokenPlayer
+from sao.trainer.config import config_from_dict
+from sao.trainer.rollout import rollout_stack
+from sao.trainer.rollout.rollout_stack import episode_runner
+from sao.trainer.runs import stages
 from tests.unit.agent.agent_fakes import CharChatMLTokenizer
-from trainer.config import config_from_dict
-from trainer.rollout import rollout_stack
-from trainer.rollout.rollout_stack import episode_runner
-from trainer.runs import stages
 
 TOK = CharChatMLTokenizer()
 

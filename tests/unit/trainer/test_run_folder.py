@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from trainer.config import ConfigError
-from trainer.runs.run_folder import (
+from sao.trainer.config import ConfigError
+from sao.trainer.runs.run_folder import (
     STATE_FILE,
     checkpoint_paths,
     commit_checkpoint,

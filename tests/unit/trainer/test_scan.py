@@ -7,9 +7,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trainer.algos import scan
-from trainer.algos.reference import skip_observation_gae_loop
-from trainer.algos.scan import dense_supported, masked_gae_dense, reverse_linear_scan
+from sao.trainer.algos import scan
+from sao.trainer.algos.reference import skip_observation_gae_loop
+from sao.trainer.algos.scan import dense_supported, masked_gae_dense, reverse_linear_scan
 
 FAST = settings(max_examples=60, deadline=None)
 # coefficients the dense path accepts: c = gamma * lam >= 0.05 and lam >= 0.05, 1.0 included
@@ -112,7 +112,7 @@ def test_dense_gae_rejects_bad_input() -> None:
 def test_dense_gae_takes_column_slices() -> None:
     """Micro batches cut by a token budget are column slices of the batch (not contiguous): a length that is a
     multiple of the chunk used to fail with "view size is not compatible" (seen in value pretraining)."""
-    from trainer.algos.scan import masked_gae_dense
+    from sao.trainer.algos.scan import masked_gae_dense
 
     g = torch.Generator().manual_seed(0)
     wide_r, wide_v = torch.rand(3, 96, generator=g), torch.rand(3, 96, generator=g)

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 
 def test_sao_sft_refuses_a_conversation_without_an_assistant_turn(tmp_path: Path, smollm2_dir: Path) -> None:
-    from sao_cli.main import app
+    from sao.cli.main import app
 
     data = tmp_path / "conv.jsonl"
     good = {"messages": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "\\boxed{4}"}]}
@@ -25,7 +25,7 @@ def test_sao_sft_refuses_a_conversation_without_an_assistant_turn(tmp_path: Path
 
 
 def test_sao_sft_without_data_says_how_to_give_it(tmp_path: Path) -> None:
-    from sao_cli.main import app
+    from sao.cli.main import app
 
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump({"run": {"dir": str(tmp_path / "run")}, "model": {"path": "tiny:llama"}}))

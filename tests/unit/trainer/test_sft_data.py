@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from agent.records import Segment, Trajectory
+from sao.agent.records import Segment, Trajectory
 from tests.unit.agent.agent_fakes import ScriptedEnv
 
 TOOLS = [
@@ -39,10 +39,10 @@ def _conversation() -> list[dict[str, Any]]:
 
 
 def test_sft_ids_equal_the_agents_trajectory_ids_for_the_same_conversation(tok: Any) -> None:
-    from agent.chat import ChatRenderer
-    from agent.conversation import action_ids, render_conversation
-    from agent.engines.scripted import ScriptedEngine
-    from agent.loop import AgentConfig, run_episode
+    from sao.agent.chat import ChatRenderer
+    from sao.agent.conversation import action_ids, render_conversation
+    from sao.agent.engines.scripted import ScriptedEngine
+    from sao.agent.loop import AgentConfig, run_episode
 
     chat = ChatRenderer(tok)
     msgs = _conversation()
@@ -80,7 +80,7 @@ def _traj(tok: Any, reward: float, status: str = "ok") -> dict[str, Any]:
 
 
 def test_trajectories_are_filtered_by_reward_and_keep_their_own_ids(tmp_path: Path, tok: Any) -> None:
-    from trainer.sft.data import load_examples
+    from sao.trainer.sft.data import load_examples
 
     recs = [_traj(tok, 1.0), _traj(tok, 0.0), {"type": "trajectory", "trajectory": _traj(tok, 1.0)},
             {"type": "event", "uid": "x"}, _traj(tok, 1.0, "infra_error")]  # fmt: skip
@@ -103,7 +103,7 @@ def test_trajectories_are_filtered_by_reward_and_keep_their_own_ids(tmp_path: Pa
     ],
 )
 def test_bad_records_name_the_file_line_and_fix(tmp_path: Path, tok: Any, record: dict[str, Any], needle: str) -> None:
-    from trainer.sft.data import SFTDataError, load_examples
+    from sao.trainer.sft.data import SFTDataError, load_examples
 
     good = {"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}
     data = _write(tmp_path / "d.jsonl", [good, record])
@@ -113,7 +113,7 @@ def test_bad_records_name_the_file_line_and_fix(tmp_path: Path, tok: Any, record
 
 
 def test_a_trajectory_from_another_tokenizer_is_refused(tmp_path: Path, tok: Any) -> None:
-    from trainer.sft.data import SFTDataError, load_examples
+    from sao.trainer.sft.data import SFTDataError, load_examples
 
     rec = _traj(tok, 1.0)
     shifted = dict(rec)
@@ -130,7 +130,7 @@ def test_a_trajectory_from_another_tokenizer_is_refused(tmp_path: Path, tok: Any
 def test_bucketing_keeps_batch_size_covers_everything_and_pads_less() -> None:
     import random
 
-    from trainer.sft.data import bucketed_batches, padding_fraction
+    from sao.trainer.sft.data import bucketed_batches, padding_fraction
 
     rng = random.Random(0)
     lengths = [rng.randint(20, 400) for _ in range(200)]
@@ -146,10 +146,10 @@ def test_bucketing_keeps_batch_size_covers_everything_and_pads_less() -> None:
 
 
 def test_solver_calls_the_tool_then_boxes_the_tools_output(tok: Any) -> None:
-    from agent.chat import ChatRenderer
-    from agent.engines.protocols import EngineError, SamplingParams
-    from agent.engines.solver import SolverEngine, solver_action
-    from envs.tools.parsing import parse_action
+    from sao.agent.chat import ChatRenderer
+    from sao.agent.engines.protocols import EngineError, SamplingParams
+    from sao.agent.engines.solver import SolverEngine, solver_action
+    from sao.envs.tools.parsing import parse_action
 
     chat = ChatRenderer(tok)
     msgs = chat.initial_messages("sys", "Compute 277 * 535 + 64. Use the python tool.", TOOLS)

@@ -7,9 +7,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from agent.engines.registry import ServeArgs, Server, engine_spec, register_engine
-from saocore.paths import resolve_model_path
-from trainer.config import load_config
+from sao.agent.engines.registry import ServeArgs, Server, engine_spec, register_engine
+from sao.core.paths import resolve_model_path
+from sao.trainer.config import load_config
 
 ROOT = Path(__file__).resolve().parents[3]
 STARTED: list[ServeArgs] = []
@@ -52,7 +52,7 @@ def _fake_server_engine() -> str:
 
 
 async def test_a_server_stage_engine_serves_the_stages_model_dir_and_stops_with_the_engine(tmp_path: Path) -> None:
-    from trainer.runs.stages import _stage_engine
+    from sao.trainer.runs.stages import _stage_engine
 
     name = _fake_server_engine()
     cfg = load_config(ROOT / "configs" / "swe_quickstart.yaml", [f"rollout.stage_engine={name}"])
@@ -70,7 +70,7 @@ async def test_a_server_stage_engine_serves_the_stages_model_dir_and_stops_with_
 
 
 def test_without_a_stage_engine_the_rollout_engine_plays_the_stages_in_process() -> None:
-    from trainer.runs.stages import _stage_engine
+    from sao.trainer.runs.stages import _stage_engine
 
     class Tiny:
         pass

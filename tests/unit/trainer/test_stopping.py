@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
-from agent.records import Segment, Trajectory
-from agent.rollout import infra_error_trajectory
-from trainer.rollout.ledger import Ledger, replay
-from trainer.rollout.pipeline import Coordinator, TaskSource
-from trainer.runs.stopping import (
+from sao.agent.records import Segment, Trajectory
+from sao.agent.rollout import infra_error_trajectory
+from sao.trainer.rollout.ledger import Ledger, replay
+from sao.trainer.rollout.pipeline import Coordinator, TaskSource
+from sao.trainer.runs.stopping import (
     EXIT_RESUMABLE,
     EXIT_SIGTERM,
     InfraStreak,

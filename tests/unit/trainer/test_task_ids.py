@@ -1,4 +1,4 @@
-"""One rule names a task (``agent.rollout.task_id_of``): the episode, the trainer's task source, the coordinator's
+"""One rule names a task (``sao.agent.rollout.task_id_of``): the episode, the trainer's task source, the coordinator's
 guard record and the Ray runner's infra errors all give the same id (``task-<index>`` when the record has none)."""
 
 from __future__ import annotations
@@ -7,11 +7,11 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from agent.records import Trajectory
-from agent.rollout import Episode, episodes_of, task_id_of
-from trainer.cluster.ray_backend import RayRolloutRunner
-from trainer.rollout.ledger import Ledger
-from trainer.rollout.pipeline import Coordinator, TaskSource
+from sao.agent.records import Trajectory
+from sao.agent.rollout import Episode, episodes_of, task_id_of
+from sao.trainer.cluster.ray_backend import RayRolloutRunner
+from sao.trainer.rollout.ledger import Ledger
+from sao.trainer.rollout.pipeline import Coordinator, TaskSource
 
 TASKS: list[dict[str, Any]] = [
     {"problem": "1+1"},  # no id: named by its index

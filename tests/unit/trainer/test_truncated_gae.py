@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trainer.algos.advantages import gae, skip_observation_gae
-from trainer.algos.reference import skip_observation_gae_loop
-from trainer.algos.registry import AdvantageInputs, get_advantage
+from sao.trainer.algos.advantages import gae, skip_observation_gae
+from sao.trainer.algos.reference import skip_observation_gae_loop
+from sao.trainer.algos.registry import AdvantageInputs, get_advantage
 
 # one row: prompt, action (2 tokens), observation, action (2 tokens), then padding
 MASK = torch.tensor([[0, 1, 1, 0, 1, 1, 0]], dtype=torch.bool)
@@ -57,8 +57,8 @@ def test_token_gae_and_the_registry_entries_read_the_truncated_flag() -> None:
 
 
 def test_batch_carries_the_trajectory_status_as_the_truncated_flag() -> None:
-    from agent.records import Segment, Trajectory
-    from trainer.learn.batch import collate
+    from sao.agent.records import Segment, Trajectory
+    from sao.trainer.learn.batch import collate
 
     segs = (Segment("prompt", (1, 2)), Segment("action", (3, 4), (-0.1, -0.2), 0, 0.0))
     trajs = [Trajectory("a", "e", segs, 0.0, "truncated"), Trajectory("b", "e", segs, 1.0, "ok")]

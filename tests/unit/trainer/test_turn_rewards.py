@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from agent.records import Segment, Trajectory
-from trainer.algos.registry import AdvantageInputs, get_advantage
-from trainer.learn.batch import collate
+from sao.agent.records import Segment, Trajectory
+from sao.trainer.algos.registry import AdvantageInputs, get_advantage
+from sao.trainer.learn.batch import collate
 
 
 def _act(ids: list[int], reward: float | None) -> Segment:

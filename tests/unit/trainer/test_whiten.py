@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from trainer.algos.advantages import whiten, whiten_stats
+from sao.trainer.algos.advantages import whiten, whiten_stats
 
 
 def test_whiten_gives_zero_mean_unit_std_on_masked_tokens_and_zero_elsewhere() -> None:
@@ -53,7 +53,7 @@ def test_min_std_floor_keeps_near_equal_advantages_small() -> None:
 
 
 def test_turn_signs_count_each_run_of_action_tokens_against_its_rows_outcome() -> None:
-    from trainer.algos.advantages import turn_sign_stats
+    from sao.trainer.algos.advantages import turn_sign_stats
 
     # row 0 solved: turns [1,2] (mean +) and [5] (mean -); row 1 failed: turns [0,1] (mean -) and [3,4] (mean +)
     action = torch.tensor([[0, 1, 1, 0, 0, 1], [1, 1, 0, 1, 1, 0], [0, 0, 0, 0, 0, 0]], dtype=torch.bool)

@@ -23,9 +23,7 @@ from types import TracebackType
 from typing import Any, TextIO
 
 #: Top-level packages whose Python-level writes are ours (they reach the terminal while third parties are logged).
-OUR_PACKAGES = frozenset(
-    {"saocore", "sandboxes", "envs", "agent", "trainer", "benchmarks", "sao_cli", "__main__", "rich", "click", "typer"}
-)
+OUR_PACKAGES = frozenset({"sao", "__main__", "rich", "click", "typer"})
 MAX_WIDTH = 80
 
 _terminal: TextIO | None = None  # the real stderr while third-party output is redirected

@@ -13,7 +13,7 @@ app = typer.Typer(no_args_is_help=True)
 
 
 def _warn_plugin_errors(console: Console) -> None:
-    from envs.registration import PLUGIN_GROUP, plugin_errors
+    from sao.envs.registration import PLUGIN_GROUP, plugin_errors
 
     for err in plugin_errors():
         console.print(f"[yellow]warning[/yellow]: a {PLUGIN_GROUP} entry point failed to load: {err}")
@@ -25,7 +25,7 @@ def list_cmd() -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from envs.registration import PLUGIN_GROUP, env_origin, list_envs
+    from sao.envs.registration import PLUGIN_GROUP, env_origin, list_envs
 
     table = Table("id", "from", "description")
     for env_id, desc in list_envs():
@@ -48,7 +48,7 @@ def check_cmd(
 
     from rich.console import Console
 
-    from envs.checking import check_envs
+    from sao.envs.checking import check_envs
 
     try:
         env_kwargs = json.loads(kwargs) if kwargs.strip() else None

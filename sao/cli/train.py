@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from saocore.console import say, third_party_to_log
+from sao.core.console import say, third_party_to_log
 
 
 def _fail(e: Exception) -> None:
@@ -32,8 +32,8 @@ def train_cmd(
 
     The console shows SAO's own progress and messages; third-party progress bars and warnings go to
     RUN_DIR/logs/third_party.log (--verbose shows them too)."""
-    from envs.registration import EnvSetupError
-    from trainer.config import ConfigError
+    from sao.envs.registration import EnvSetupError
+    from sao.trainer.config import ConfigError
 
     items = list(overrides or [])
     # `sao train --resume RUN_DIR key=value` : the first positional is then an override, not a file.
@@ -47,7 +47,7 @@ def train_cmd(
         with contextlib.nullcontext() if verbose or log is None else third_party_to_log(log):
             if log is not None and not verbose and int(os.environ.get("RANK", "0") or 0) == 0:
                 say(f"sao train: setting up (models, DeepSpeed, rollout engine); library output goes to {log}")
-            from trainer.runs.run import train
+            from sao.trainer.runs.run import train
 
             run_dir = train(config, items, resume)
     except (ConfigError, EnvSetupError) as e:
@@ -69,7 +69,7 @@ def _third_party_log(config: str | None, items: list[str], resume: str | None) -
     if resume is not None:
         run_dir = Path(resume)
     elif config is not None:
-        from trainer.config import load_config
+        from sao.trainer.config import load_config
 
         run_dir = Path(load_config(config, items).run.dir)
     else:
@@ -90,12 +90,12 @@ def pretrain_value_cmd(
     """Train only the critic on saved trajectories; use the result as critic.init.
 
     Third-party bars and warnings go to OUT/logs/third_party.log."""
-    from trainer.config import ConfigError, load_config
+    from sao.trainer.config import ConfigError, load_config
 
     try:
         dest = Path(out) if out else Path(load_config(config, list(overrides or [])).run.dir) / "value_init"
         with third_party_to_log(dest / "logs" / "third_party.log"):
-            from trainer.learn.value_pretrain import pretrain_value
+            from sao.trainer.learn.value_pretrain import pretrain_value
 
             path = pretrain_value(config, rollouts, out, epochs, list(overrides or []))
     except ConfigError as e:
@@ -109,7 +109,7 @@ def plot_cmd(
     out: Annotated[str | None, typer.Option("--out", help="PNG path (default RUN_DIR/plots/curves.png)")] = None,
 ) -> None:
     """Write the training curves of a run as a PNG."""
-    from trainer.runs.metrics import plot_run
+    from sao.trainer.runs.metrics import plot_run
 
     try:
         path = plot_run(run_dir, out)

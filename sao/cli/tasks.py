@@ -26,7 +26,7 @@ def build_cmd(
     """Build offline SWE-bench-format tasks: real sdist, its test suite, AST-injected bugs, images built offline."""
     import time
 
-    from envs.swe.tasks import BuildConfig, build_tasks
+    from sao.envs.swe.tasks import BuildConfig, build_tasks
 
     t0 = time.monotonic()
     try:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from sao_cli import bench, collect, envs_cmd, eval_cmd, serve, sft, tasks, train
+from sao.cli import bench, collect, envs_cmd, eval_cmd, serve, sft, tasks, train
 
 app = typer.Typer(
     name="sao",

