@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sao.core.jsonl import write_json_atomic
 from sao.trainer.config import load_config
 from sao.trainer.learn.value_pretrain import fit_critic, read_rollouts, split_by_task
-from sao.trainer.runs.run_folder import write_json_atomic
 
 
 @dataclass(frozen=True)

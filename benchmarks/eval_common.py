@@ -33,8 +33,7 @@ from sao.agent.engines import registry
 from sao.agent.engines.registry import ModelSpec, ModelSpecError, SpecModel, SpecOptions
 from sao.agent.loop import AgentConfig
 from sao.agent.rollout import ChatPlayer, Player, TokenPlayer
-from sao.core.jsonl import iter_jsonl
-from sao.trainer.runs.run_folder import write_json_atomic
+from sao.core.jsonl import iter_jsonl, write_json_atomic
 
 SPEC_HELP = registry.spec_help()
 

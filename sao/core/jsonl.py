@@ -1,4 +1,5 @@
-"""JSONL files: one reader (line by line, errors that name the file and line) and one durable (fsynced) appender."""
+"""Durable files: one JSONL reader (line by line, errors that name the file and line), one durable (fsynced) JSONL
+appender, and atomic text / JSON writes (temp file, fsync, rename, folder fsync)."""
 
 from __future__ import annotations
 
@@ -62,3 +63,27 @@ def append_jsonl(path: str | Path, records: Iterable[Any]) -> None:
     """Append ``records`` (JSON-serialisable; others via ``str``) to ``path`` as lines, flushed and fsynced."""
     with JsonlAppender(path) as out:
         out.append(*records)
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_text_durably(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` atomically: a temp file, flushed and fsynced, renamed over it, the folder fsynced."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def write_json_atomic(path: Path, obj: Any, indent: int | None = 1) -> None:
+    """``obj`` as JSON, written as ``write_text_durably`` does (values JSON cannot hold are written as text)."""
+    write_text_durably(path, json.dumps(obj, indent=indent, default=str) + "\n")

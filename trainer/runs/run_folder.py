@@ -1,8 +1,8 @@
 """The one owner of a run folder: refuse to overwrite a run, write JSON and text durably, write a checkpoint the
 power-cut-safe way (a hidden partial folder, fsynced, renamed, then ``latest``), and find the latest one.
 
-Used by ``sao train`` (``trainer.runs.run``), ``sao sft`` (``sao.trainer.sft.run``), staged runs (``trainer.runs.stages``) and the
-evaluation CLIs (``benchmarks``), so every checkpoint and every summary file has the same durability.
+Used by ``sao train`` (``sao.trainer.runs.run``), ``sao sft`` (``sao.trainer.sft.run``) and staged runs
+(``sao.trainer.runs.stages``); atomic text and JSON writes live in ``sao.core.jsonl``, the one durable writer.
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from sao.core.jsonl import fsync_dir as _fsync_dir
+from sao.core.jsonl import write_text_durably
 from sao.trainer.config import ConfigError
 
 STATE_FILE = "trainer_state.json"
@@ -30,34 +32,10 @@ def refuse_existing_run(run_dir: Path, command: str, *markers: str) -> None:
             )
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def fsync_tree(root: Path) -> None:
     """fsync every file and folder under ``root`` and ``root`` itself (a checkpoint survives a power cut)."""
     for p in [*sorted(root.rglob("*"), reverse=True), root]:
         _fsync_dir(p)
-
-
-def write_text_durably(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` atomically: a temp file, flushed and fsynced, renamed over it, the folder fsynced."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
-
-
-def write_json_atomic(path: Path, obj: Any, indent: int | None = 1) -> None:
-    """``obj`` as JSON, written as ``write_text_durably`` does (values JSON cannot hold are written as text)."""
-    write_text_durably(path, json.dumps(obj, indent=indent, default=str) + "\n")
 
 
 def checkpoint_paths(run_dir: Path, step: int) -> tuple[Path, Path]:

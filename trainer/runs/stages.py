@@ -39,12 +39,13 @@ from sao.agent.engines.protocols import Engine
 from sao.agent.engines.registry import InProcessArgs, ServeArgs, engine_spec, make_demonstrator
 from sao.agent.records import Trajectory
 from sao.agent.rollout import episodes_of
+from sao.core.jsonl import write_json_atomic
 from sao.core.paths import resolve_model_path
 from sao.trainer import distributed as dist_utils
 from sao.trainer.config import Config, ConfigError, save_config
 from sao.trainer.rollout.env_tasks import load_env_tasks
 from sao.trainer.rollout.rollout_stack import episode_runner
-from sao.trainer.runs.run_folder import latest_checkpoint, write_json_atomic
+from sao.trainer.runs.run_folder import latest_checkpoint
 
 DONE = "done.json"
 TrainFn = Callable[..., Path]

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from sao.core.jsonl import write_json_atomic
 from sao.trainer.config import ConfigError
 from sao.trainer.runs.run_folder import (
     STATE_FILE,
@@ -16,7 +17,6 @@ from sao.trainer.runs.run_folder import (
     latest_checkpoint,
     latest_state,
     refuse_existing_run,
-    write_json_atomic,
 )
 
 
