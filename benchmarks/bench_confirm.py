@@ -177,8 +177,8 @@ def time_limited(eval_dir: Path, n: int) -> int:
 def arm_result(name: str, summary: dict[str, Any], sft_eval: dict[str, Any], run_dir: Path) -> dict[str, Any]:
     """One arm's row: held-out success before (the shared SFT eval) and after, the paired difference, the RL
     stage's cost and its per-step curves."""
+    from sao.eval.scores import paired_difference
     from sao.trainer.runs.metrics import read_metrics
-    from sao.trainer.runs.stages import paired_difference
 
     after = summary["evals"][-1]
     train = next(s for s in summary["stages"] if s.get("stage") == "train")
@@ -258,7 +258,7 @@ def table_rows(results: list[dict[str, Any]]) -> tuple[list[str], list[list[str]
 
 def between_arms(results: list[dict[str, Any]], summaries: dict[str, dict[str, Any]]) -> list[str]:
     """Paired differences between arms (same held-out tasks): the first arm minus each other arm."""
-    from sao.trainer.runs.stages import paired_difference
+    from sao.eval.scores import paired_difference
 
     if len(results) < 2:
         return []
@@ -424,7 +424,7 @@ def pool_seeds(outs: list[Path], echo: Callable[[str], None] = print) -> dict[st
     """Several `sao bench confirm` runs (one seed each) pooled: per arm its paired RL - SFT difference seed by seed
     and over the seeds (``pooled_paired_difference``: per task the mean over seeds, SE over tasks), and the first
     arm minus each other arm the same way. Only arms every run has are pooled."""
-    from sao.trainer.runs.stages import pooled_paired_difference
+    from sao.eval.scores import pooled_paired_difference
 
     docs = _pool_inputs(outs)
     names = [r["arm"] for r in docs[0]["arms"]]

@@ -97,8 +97,8 @@ async def collect(cfg: CollectConfig) -> dict[str, Any]:
     """Run (or resume) the collection into ``cfg.out``; returns the summary (also in ``summary.json``)."""
     from sao.agent.records import Trajectory, write_jsonl
     from sao.agent.rollout import Episode, EpisodeRunner, RunnerConfig, env_factory, task_id_of
-    from sao.benchmarks.eval_common import opened_model, parse_model_spec, write_json
     from sao.envs.registration import preflight
+    from sao.eval.common import opened_model, parse_model_spec, write_json
 
     spec = parse_model_spec(cfg.model)
     preflight(cfg.env, cfg.env_kwargs)  # a bad id or kwargs fail here, not as n infra errors
@@ -175,8 +175,8 @@ def collect_cmd(
     ] = False,
 ) -> None:
     """Roll out a model on an env and write trajectories (for `sao sft --min-reward` and `sao pretrain-value`)."""
-    from sao.benchmarks.eval_common import SPEC_HELP, EvalError
     from sao.envs.registration import EnvSetupError
+    from sao.eval.common import SPEC_HELP, EvalError
 
     try:
         kwargs = json.loads(env_kwargs)

@@ -60,13 +60,13 @@ def swebench_cmd(
     """Evaluate on SWE-bench-format instances: predictions.jsonl, trajectories, resolved/total, report.json."""
     import asyncio
 
-    from sao.benchmarks.eval_common import EvalError
-    from sao.benchmarks.eval_swebench import SWEEvalConfig, print_summary, run_swebench
+    from sao.eval.common import EvalError
+    from sao.eval.swebench_eval import SWEEvalConfig, print_summary, run_swebench
 
     ids = tuple(i.strip() for v in instances for i in v.split(",") if i.strip())
     try:
         if grade_only is not None:
-            from sao.benchmarks.eval_swebench import grade_only as run_grade_only
+            from sao.eval.swebench_eval import grade_only as run_grade_only
 
             report: dict[str, Any] = run_grade_only(grade_only, dataset, out, workers=workers, split=split)
         else:
@@ -112,8 +112,8 @@ def math_cmd(
     """Evaluate on a math benchmark: avg@k and pass@k with math-verify grading, per-problem CSV, report.json."""
     import asyncio
 
-    from sao.benchmarks.eval_common import EvalError
-    from sao.benchmarks.eval_math import MathEvalConfig, print_summary, run_math
+    from sao.eval.common import EvalError
+    from sao.eval.math_eval import MathEvalConfig, print_summary, run_math
 
     try:
         cfg = MathEvalConfig(

@@ -1,4 +1,4 @@
-"""Layout rules: imports go one way (sao.core <- sandboxes <- envs <- agent <- trainer <- benchmarks <- cli),
+"""Layout rules: imports go one way (sao.core <- sandboxes <- envs <- agent <- eval <- trainer <- benchmarks <- cli),
 every part imports under the one ``sao`` namespace, and `sao --help` lists the subcommands quickly."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-LAYERS = ["sao.core", "sao.sandboxes", "sao.envs", "sao.agent", "sao.trainer", "sao.benchmarks", "sao.cli"]
+LAYERS = ["sao.core", "sao.sandboxes", "sao.envs", "sao.agent", "sao.eval", "sao.trainer", "sao.benchmarks", "sao.cli"]
 OLD_TOP_LEVELS = {"saocore", "sao_cli", "envs", "agent", "trainer", "sandboxes", "benchmarks"}
 
 

@@ -31,7 +31,7 @@ import json
 import math
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,7 @@ from sao.agent.records import Trajectory
 from sao.agent.rollout import episodes_of
 from sao.core.jsonl import write_json_atomic
 from sao.core.paths import resolve_model_path
+from sao.eval.scores import episode_scores, paired_difference, score_table
 from sao.trainer import distributed as dist_utils
 from sao.trainer.config import Config, ConfigError, save_config
 from sao.trainer.rollout.env_tasks import load_env_tasks
@@ -125,91 +126,6 @@ def collect_stage(cfg: Config, model_dir: str, out: Path) -> dict[str, Any]:
         "infra_errors": sum(t.status == "infra_error" for t in trajs),
         "wall_s": time.perf_counter() - t0,
     }
-
-
-def patched_files(patch: str) -> set[str]:
-    """The existing files a unified diff changes (swebench's own reading of a patch); none for an empty or
-    unreadable one (a model's patch may be either)."""
-    from swebench.utils import get_modified_files
-    from unidiff.errors import UnidiffParseError
-
-    try:
-        return set(get_modified_files(patch)) if patch else set()
-    except UnidiffParseError:
-        return set()
-
-
-def episode_scores(
-    trajs: list[Trajectory], tokenizer: Any, tasks: list[dict[str, Any]] | None = None
-) -> dict[str, Any]:
-    """Success rate, valid tool-call rate (episodes with at least one action that parses as a call of one of
-    the env's tools), mean turns, tokens per episode and the observations' share of them, truncated episodes,
-    over the episodes that were not infra errors. With SWE-style ``tasks`` (a gold ``patch``) also the share of
-    episodes whose graded patch (``info["report"]["model_patch"]``) changed a file the gold patch changes, and with
-    injected-bug tasks the resolved / episodes of each bug family (``solved_by_family``)."""
-    from sao.envs.protocols import FormatError
-    from sao.envs.python_tool import PythonToolEnv
-    from sao.envs.tools.parsing import parse_action
-
-    ok = [t for t in trajs if t.status != "infra_error"]
-    valid = 0
-    for t in ok:
-        names = {s["function"]["name"] for s in t.info.get("tools") or []}
-        for seg in t.action_segments:
-            try:
-                call = parse_action(
-                    tokenizer.decode(list(seg.token_ids), skip_special_tokens=True), PythonToolEnv.fenced
-                )
-            except FormatError:
-                continue
-            if call.name in names:
-                valid += 1
-                break
-    n = max(len(ok), 1)
-    obs = sum(len(seg.token_ids) for t in ok for seg in t.segments if seg.kind == "observation")
-    out: dict[str, Any] = {
-        "episodes": len(ok),
-        "infra_errors": len(trajs) - len(ok),
-        "success": sum(bool(t.info.get("solved")) for t in ok) / n,
-        "valid_tool_call_rate": valid / n,
-        "mean_turns": sum(int(t.info.get("turns", 0)) for t in ok) / n,
-        # cut by the env's wall-clock limit: on a loaded machine this scores correct work 0, so tables show it
-        "time_limited": sum(t.info.get("truncation_reason") == "time_limit" for t in ok),
-        "solved_by_task": {t.task_id: int(bool(t.info.get("solved"))) for t in ok},
-        "truncated": sum(t.status == "truncated" for t in ok),
-        "tokens_per_episode": sum(t.num_tokens for t in ok) / n,
-        "observation_share": obs / max(sum(t.num_tokens for t in ok), 1),
-    }
-    gold = {
-        str(t.get("instance_id")): patched_files(str(t["patch"]))
-        for t in tasks or []
-        if isinstance(t, dict) and t.get("patch")
-    }
-    if gold:
-        graded = [t for t in ok if t.task_id in gold]
-        edited = sum(
-            bool(gold[t.task_id] & patched_files(str((t.info.get("report") or {}).get("model_patch") or "")))
-            for t in graded
-        )
-        out["edited_bug_file_rate"] = edited / max(len(graded), 1)
-    family = {str(t.get("instance_id")): f for t in tasks or [] if isinstance(t, dict) and (f := bug_family(t))}
-    if family:
-        by: dict[str, list[int]] = {}
-        for t in ok:
-            if t.task_id in family:
-                solved_n = by.setdefault(family[t.task_id], [0, 0])
-                solved_n[0] += int(bool(t.info.get("solved")))
-                solved_n[1] += 1
-        out["solved_by_family"] = dict(sorted(by.items()))
-    return out
-
-
-def bug_family(task: dict[str, Any]) -> str | None:
-    """The injected bug's family of an offline SWE task (``sao_mutation.operator``: comparison_flip, swapped_args,
-    ...), None for tasks without one (SWE-bench's own, arithmetic)."""
-    mutation = task.get("sao_mutation")
-    op = mutation.get("operator") if isinstance(mutation, dict) else None
-    return str(op) if op else None
 
 
 def _stage_engine(cfg: Config, tokenizer: Any, model_dir: str, out: Path) -> Engine:
@@ -484,49 +400,6 @@ def _cpu_s() -> float:
 
 def _fmt(v: Any) -> str:
     return f"{v:.3f}" if isinstance(v, float) else str(v)
-
-
-def score_table(results: list[dict[str, Any]]) -> str:
-    """The evals as a Markdown table (success with its binomial standard error; an SWE eval's rate of episodes
-    that edited the bug's file, when its summary has one)."""
-    swe = any("edited_bug_file_rate" in r for r in results)
-    lines = [
-        "| model | held-out episodes | success | valid tool-call rate | mean turns | tokens/episode | observation "
-        "share | truncated | cut by time limit |" + (" edited the bug's file |" if swe else ""),
-        "|---|---|---|---|---|---|---|---|---|" + ("---|" if swe else ""),
-    ]
-    for r in results:
-        n, p = max(int(r["episodes"]), 1), float(r["success"])
-        se = (p * (1 - p) / n) ** 0.5
-        tokens = f"{r['tokens_per_episode']:.0f}" if "tokens_per_episode" in r else "-"
-        share = f"{r['observation_share']:.3f}" if "observation_share" in r else "-"
-        lines.append(
-            f"| {r['label']} | {r['episodes']} | {p:.3f} ± {se:.3f} | {r['valid_tool_call_rate']:.3f} | "
-            f"{r['mean_turns']:.2f} | {tokens} | {share} | {r.get('truncated', '-')} | {r.get('time_limited', 0)} |"
-            + (f" {r['edited_bug_file_rate']:.3f} |" if "edited_bug_file_rate" in r else (" - |" if swe else ""))
-        )
-    return "\n".join(lines)
-
-
-def paired_difference(before: dict[str, int], after: dict[str, int]) -> tuple[float, float, int]:
-    """Mean of ``after - before`` over the tasks both evals solved or failed, its standard error, and the count:
-    the two evals run the same held-out tasks, so the paired difference is the sharper test."""
-    return pooled_paired_difference([(before, after)])
-
-
-def pooled_paired_difference(pairs: Sequence[tuple[dict[str, int], dict[str, int]]]) -> tuple[float, float, int]:
-    """The paired difference over several seeds: for each task every pair ran, the mean of ``after - before``
-    over the pairs, then the mean over tasks and its standard error over tasks. The task is the unit, so seeds
-    that share one ``before`` eval (RL seeds from one SFT checkpoint) are not counted as independent samples."""
-    if not pairs:
-        return float("nan"), float("nan"), 0
-    common = sorted(set.intersection(*(set(b) & set(a) for b, a in pairs)))
-    if not common:
-        return float("nan"), float("nan"), 0
-    d = [sum(a[k] - b[k] for b, a in pairs) / len(pairs) for k in common]
-    mean = sum(d) / len(d)
-    var = sum((x - mean) ** 2 for x in d) / max(len(d) - 1, 1)
-    return mean, (var / len(d)) ** 0.5, len(d)
 
 
 def _report(

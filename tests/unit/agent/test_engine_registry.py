@@ -163,7 +163,7 @@ def test_the_checker_sees_a_branch_on_an_engine_name() -> None:
 
 def test_engine_names_are_branched_on_only_in_the_registry() -> None:
     found = []
-    for pkg in ("sao/core", "sao/sandboxes", "sao/envs", "sao/agent", "sao/trainer", "sao/benchmarks", "sao/cli"):
+    for pkg in ("sao/core", "sao/sandboxes", "sao/envs", "sao/agent", "sao/eval", "sao/trainer", "sao/benchmarks", "sao/cli"):
         for path in sorted((ROOT / pkg).rglob("*.py")):
             rel = path.relative_to(ROOT).as_posix()
             if rel not in REGISTRY_FILES | NOT_A_CHOICE:

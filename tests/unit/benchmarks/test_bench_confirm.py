@@ -166,7 +166,7 @@ def test_the_swe_comparison_gives_grpo_whole_groups_of_one_task_and_the_sao_budg
 def _confirm_json(out: Path, arms: dict[str, tuple[dict[str, int], dict[str, int]]]) -> None:
     import json
 
-    from sao.trainer.runs.stages import paired_difference
+    from sao.eval.scores import paired_difference
 
     rows = []
     for name, (sft, rl) in arms.items():

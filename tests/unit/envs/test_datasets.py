@@ -70,8 +70,8 @@ def test_bad_dataset_specs_say_what_is_accepted(tmp_path: Path) -> None:
 
 
 def test_model_alias_resolves_in_training_and_eval(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from sao.benchmarks.eval_common import parse_model_spec
     from sao.core.paths import resolve_model_path, smollm2_dir
+    from sao.eval.common import parse_model_spec
 
     monkeypatch.setenv("SAO_CACHE", str(tmp_path))
     d = smollm2_dir()

@@ -58,7 +58,7 @@ def test_episode_with_a_grader_timeout_is_an_infra_error(tmp_path: Path, short_t
 
 
 def test_math_eval_sample_with_a_grader_timeout_is_an_infra_error(short_timeout: None) -> None:
-    from sao.benchmarks.eval_math import PlainAnswerEnv
+    from sao.eval.math_eval import PlainAnswerEnv
 
     async def run() -> tuple[float, dict[str, Any]]:
         env = PlainAnswerEnv()

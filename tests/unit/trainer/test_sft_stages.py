@@ -24,7 +24,7 @@ def _traj(tok: Any, tid: str, actions: list[str], solved: bool, status: str = "o
 def test_episode_scores_count_valid_tool_calls_success_and_turns(smollm2_dir: Path) -> None:
     from transformers import AutoTokenizer
 
-    from sao.trainer.runs.stages import episode_scores
+    from sao.eval.scores import episode_scores
 
     tok = AutoTokenizer.from_pretrained(str(smollm2_dir))
     call = '<tool_call>{"name": "python", "arguments": {"code": "print(2 * 3)"}}</tool_call>'
@@ -46,7 +46,7 @@ def test_episode_scores_count_valid_tool_calls_success_and_turns(smollm2_dir: Pa
 
 
 def test_episode_scores_count_tokens_truncation_and_edits_of_the_bugs_file() -> None:
-    from sao.trainer.runs.stages import episode_scores, patched_files, score_table
+    from sao.eval.scores import episode_scores, patched_files, score_table
 
     class Tok:
         def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
@@ -76,7 +76,7 @@ def test_episode_scores_count_tokens_truncation_and_edits_of_the_bugs_file() -> 
 
 
 def test_episode_scores_count_resolved_by_bug_family() -> None:
-    from sao.trainer.runs.stages import bug_family, episode_scores
+    from sao.eval.scores import bug_family, episode_scores
 
     class Tok:
         def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
@@ -98,7 +98,7 @@ def test_episode_scores_count_resolved_by_bug_family() -> None:
 
 
 def test_paired_difference_uses_the_tasks_both_evals_ran() -> None:
-    from sao.trainer.runs.stages import paired_difference
+    from sao.eval.scores import paired_difference
 
     before = {"a": 0, "b": 0, "c": 1, "d": 1, "only_before": 1}
     after = {"a": 1, "b": 0, "c": 1, "d": 1, "only_after": 0}
@@ -108,7 +108,7 @@ def test_paired_difference_uses_the_tasks_both_evals_ran() -> None:
 
 
 def test_pooled_paired_difference_averages_seeds_within_a_task_and_takes_the_se_over_tasks() -> None:
-    from sao.trainer.runs.stages import paired_difference, pooled_paired_difference
+    from sao.eval.scores import paired_difference, pooled_paired_difference
 
     sft = {"a": 0, "b": 0, "c": 1, "d": 0}  # one SFT eval shared by two RL seeds
     seed1 = {"a": 1, "b": 1, "c": 1, "d": 0}
@@ -125,8 +125,8 @@ def test_pooled_paired_difference_averages_seeds_within_a_task_and_takes_the_se_
 
 
 def test_held_out_set_is_one_set_for_every_seed_and_never_a_training_task() -> None:
-    from sao.trainer.config import load_config
     from sao.trainer.runs.stages import held_out_tasks, training_tasks
+    from sao.trainer.config import load_config
 
     root = Path(__file__).resolve().parents[3]
     sets = []

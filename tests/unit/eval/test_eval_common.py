@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from sao.benchmarks import eval_swebench
-from sao.benchmarks.eval_common import EvalError, parse_model_spec, pass_at_k
-from sao.benchmarks.eval_math import summarize
+from sao.eval import swebench_eval as eval_swebench
+from sao.eval.common import EvalError, parse_model_spec, pass_at_k
+from sao.eval.math_eval import summarize
 
 
 def test_specs_of_every_kind(tmp_path: Path) -> None:

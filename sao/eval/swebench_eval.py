@@ -9,7 +9,7 @@ finishes, flushed and fsynced, in ``--out``:
 instances that already have a prediction and a result (infra failures are retried). ``report.json`` and a table
 sum up: resolved / total, with infrastructure failures (Docker, grader, engine) counted apart from unresolved.
 ``--harness`` also grades the predictions with the official ``swebench.harness.run_evaluation``
-(``sao.benchmarks.eval_harness``); ``--grade-only`` does only that, on an existing predictions file.
+(``sao.eval.harness``); ``--grade-only`` does only that, on an existing predictions file.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from sao.agent.records import Trajectory
-from sao.benchmarks.eval_common import (
+from sao.envs.datasets import HUB_PROBE_TIMEOUT_S, hub_available
+from sao.eval.common import (
     EvalError,
     EvalModel,
     append_jsonl,
@@ -29,8 +30,7 @@ from sao.benchmarks.eval_common import (
     read_jsonl_records,
     write_json,
 )
-from sao.benchmarks.eval_harness import grade_with_harness, load_predictions
-from sao.envs.datasets import HUB_PROBE_TIMEOUT_S, hub_available
+from sao.eval.harness import grade_with_harness, load_predictions
 
 OFFLINE_ALIAS = "offline"
 

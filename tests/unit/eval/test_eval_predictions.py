@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from sao.benchmarks import eval_swebench
-from sao.benchmarks.eval_common import EvalError
-from sao.benchmarks.eval_harness import load_predictions
 from sao.envs.swe.tasks.instance import eval_script
+from sao.eval import swebench_eval as eval_swebench
+from sao.eval.common import EvalError
+from sao.eval.harness import load_predictions
 
 IDS = {"demo__pkg-1", "demo__pkg-2"}
 

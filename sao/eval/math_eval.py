@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from sao.agent.records import Trajectory
-from sao.benchmarks.eval_common import (
+from sao.envs.base import MultiTurnEnv, Turn
+from sao.eval.common import (
     EvalError,
     append_jsonl,
     opened_model,
@@ -27,7 +28,6 @@ from sao.benchmarks.eval_common import (
     pass_at_k,
     write_json,
 )
-from sao.envs.base import MultiTurnEnv, Turn
 
 PLAIN_SYSTEM_PROMPT = "Solve the problem. Reason step by step, then write the final answer as \\boxed{...}."
 

@@ -6,7 +6,7 @@ instance records to ``<dir>/dataset.jsonl``, runs the harness in ``<dir>`` (its 
 report land there), and reads each instance's ``report.json``: resolved / unresolved (an empty patch, or a patch
 that did not apply, is unresolved) / infra_error (the harness produced no report for another reason). The run id
 is derived from the predictions, so a rerun reuses the harness's finished reports. ``sao eval swebench
---grade-only`` (``sao.benchmarks.eval_swebench.grade_only``) is built on these two.
+--grade-only`` (``sao.eval.swebench_eval.grade_only``) is built on these two.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sao.benchmarks.eval_common import EvalError, progress
 from sao.core.jsonl import iter_jsonl
+from sao.eval.common import EvalError, progress
 
 KEYS = ("instance_id", "model_name_or_path", "model_patch")
 FIX = 'each line must be one JSON object {"instance_id": str, "model_name_or_path": str, "model_patch": str}'
