@@ -44,6 +44,9 @@ class RunConfig:
     """Write a resumable checkpoint every N steps (and always at the end)."""
     keep_checkpoints: int = 2
     """Resumable checkpoints kept on disk (older ones are deleted)."""
+    export_every: int = 0
+    """Export the policy (HF format, with its tokenizer) to RUN_DIR/policies/step_N every N steps: what
+    `sao bench curve` evaluates on held-out tasks to draw the per-step curve. 0: never."""
     tensorboard: bool = True
     wandb_project: str | None = None
     plot: bool = True
@@ -477,6 +480,7 @@ class Config:
             (self.run.total_steps >= 1, "run.total_steps must be >= 1"),
             (self.run.save_every >= 1, "run.save_every must be >= 1"),
             (self.run.keep_checkpoints >= 1, "run.keep_checkpoints must be >= 1"),
+            (self.run.export_every >= 0, "run.export_every must be >= 0 (0 = never)"),
         ]
         checks += _engine_checks(self)
         checks += _cluster_checks(self)

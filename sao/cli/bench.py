@@ -215,6 +215,26 @@ def staleness(
         raise typer.BadParameter(str(e)) from e
 
 
+@app.command("curve")
+def curve(
+    run_dir: str = typer.Argument(..., help="a finished staged run trained with run.export_every (e.g. 1)"),
+    n: int = typer.Option(32, help="the first N of the run's held-out tasks, the same at every step"),
+    out: str = typer.Option("", help="folder for curve.json and curve.png (default RUN_DIR/curve)"),
+) -> None:
+    """Held-out success at every exported RL policy of a staged run, and the kinds of failure before and after RL."""
+    from pathlib import Path
+
+    from sao.benchmarks.bench_curve import curve as run_curve
+    from sao.benchmarks.bench_curve import curve_table
+    from sao.trainer.config import ConfigError
+
+    try:
+        result = run_curve(Path(run_dir), n, Path(out) if out else Path(run_dir) / "curve")
+    except (ConfigError, FileNotFoundError) as e:
+        raise typer.BadParameter(str(e)) from e
+    typer.echo(curve_table(result))
+
+
 def _csv(value: str) -> tuple[str, ...]:
     return tuple(v.strip() for v in value.split(",") if v.strip())
 

@@ -431,6 +431,8 @@ class Trainer:
                 progress.update(self.step, last)
                 if self.step % cfg.run.save_every == 0 or self.step == cfg.run.total_steps:
                     await asyncio.to_thread(self._save, coord)
+                if cfg.run.export_every and self.step % cfg.run.export_every == 0:
+                    await self._export_policy(self.run_dir / "policies" / f"step_{self.step:04d}")
         finally:
             progress.close()
         return last
@@ -474,6 +476,11 @@ class Trainer:
             server.stop()
         s.ledger.close()
         s.metrics.close()
+
+    async def _export_policy(self, out: Path) -> None:
+        """The current policy in HF format with its tokenizer (``run.export_every``)."""
+        await asyncio.to_thread(self.lead, Export(str(out)))
+        self.tokenizer.save_pretrained(out)
 
     async def _finish(self) -> None:
         """Final actor (+ critic) weights and tokenizer in RUN_DIR/final, the digest, the plots."""

@@ -1,0 +1,62 @@
+"""`sao bench curve`'s failure kinds of Python-tool episodes and its refusal of a run without exported policies."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sao.agent.records import Segment, Trajectory
+from sao.benchmarks.bench_curve import failure_kind, kind_counts, policies
+from sao.trainer.config import ConfigError
+
+TEXT = {
+    1: "Compute 12 * 34.",
+    2: "```python\nprint(12 * 34)\n```",
+    3: "408",
+    4: "399",
+    5: "The answer is \\boxed{408}.",
+    6: "The answer is \\boxed{400}.",
+    7: "I think it is big.",
+}
+
+
+def decode(ids: list[int]) -> str:
+    return " ".join(TEXT[i] for i in ids)
+
+
+def episode(
+    *turns: tuple[int, int | None], solved: bool = False, prediction: str = "", status: str = "ok"
+) -> Trajectory:
+    segs = [Segment("prompt", (1,))]
+    for action, obs in turns:
+        segs.append(Segment("action", (action,), (0.0,), 0))
+        if obs is not None:
+            segs.append(Segment("observation", (obs,)))
+    report = {"gold": "408", "prediction": prediction} if prediction or solved else {}
+    info = {"solved": solved, "report": report}
+    return Trajectory("t", "sao/PythonTool-v0", tuple(segs), float(solved), status, info)  # type: ignore[arg-type]
+
+
+def test_each_failure_kind_is_told_apart() -> None:
+    assert failure_kind(episode((2, 3), (5, None), solved=True, prediction="408"), decode) == "solved"
+    assert failure_kind(episode((7, None)), decode) == "format"
+    assert failure_kind(episode((6, None), prediction="400"), decode) == "head_arithmetic"
+    assert failure_kind(episode((2, 3), (6, None), prediction="400"), decode) == "copy_error"
+    assert failure_kind(episode((2, 4), (6, None), prediction="400"), decode) == "wrong_expression"
+    assert failure_kind(episode((2, 3), (7, None), status="truncated"), decode, gold="408") == "no_answer"
+    assert failure_kind(episode((2, 4), (7, None), status="truncated"), decode, gold="408") == "wrong_expression"
+    assert failure_kind(episode((7, None), status="infra_error"), decode) == "infra_error"
+
+
+def test_counts_cover_every_kind() -> None:
+    counts = kind_counts([episode((7, None)), episode((6, None), prediction="400")], decode)
+    assert counts["format"] == 1 and counts["head_arithmetic"] == 1 and sum(counts.values()) == 2
+
+
+def test_a_run_without_exported_policies_is_refused_with_the_fix(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"run\.export_every=1"):
+        policies(tmp_path)
+    (tmp_path / "policies" / "step_0002").mkdir(parents=True)
+    (tmp_path / "policies" / "step_0010").mkdir()
+    assert [s for s, _ in policies(tmp_path)] == [2, 10]
