@@ -11,8 +11,13 @@ The context budget (``AgentConfig.max_context_tokens``) has one rule: an episode
 "truncated" (``truncation_reason="context_length"``), graded by the env on what exists, and its trajectory never
 holds more than the budget. It is reached when an action fills the last room (that action, maybe cut mid-call, is
 kept for training but not executed) or when the next observation would leave no room for another action token
-(that observation is not appended: it goes to ``info["final_observation"]``, so the trajectory ends on an action
-and the trainer bootstraps from V there).
+(that observation is not appended: it goes to ``info["final_observation"]``, so the trajectory ends on an action).
+
+The end of an episode: every "truncated" trajectory records ``info["graded"]``, whether the env graded the cut
+(``on_truncation`` through ``astep`` or ``aend``). A graded cut's return is complete and the trainer treats it as
+terminal; an ungraded one (the env did not grade, or has no ``aend``) bootstraps from V after the last action
+(``Trajectory.bootstraps``). An env that ends an episode ``truncated`` without saying is taken at Gymnasium's word:
+nothing graded it.
 
 Render drift: with ``check_render=True`` the loop renders the whole conversation afresh with the chat template at
 the end and compares it with the token ids the model actually saw; ``info["render_drift"]`` is the fraction of
@@ -184,6 +189,8 @@ async def _ended(
     elif end.reason != "env":
         segments = await _grade_agent_end(env, end.reason, segments, end_info)
         status = "infra_error" if end_info.get("infra_error") else status
+    if status == "truncated":
+        end_info.setdefault("graded", False)  # the env did not say it graded the cut: reward may be to come
     return status, segments
 
 

@@ -104,6 +104,20 @@ class Trajectory:
         return [s for s in self.segments if s.kind == "action"]
 
     @property
+    def bootstraps(self) -> bool:
+        """Whether the episode's return is incomplete, so GAE bootstraps from V after its last action (the one rule
+        for the end of an episode). Complete, i.e. terminal for GAE: a terminated episode (``status="ok"``); a cut
+        (``status="truncated"``) the env graded when it ended it (``info["graded"]`` True: the SWE env grades the
+        repository whenever an episode ends, so its return is all there); an ending the policy caused
+        (``truncation_reason="format_errors"``), graded or not. Only a cut nothing graded (``info["graded"]`` False:
+        reward may still be to come) bootstraps. A record written before ``graded`` existed counts as complete:
+        the return it holds is taken as final, as plain Monte-Carlo returns always took it, rather than adding a
+        critic estimate the data never earned."""
+        if self.status != "truncated" or self.info.get("truncation_reason") == "format_errors":
+            return False
+        return self.info.get("graded", True) is False
+
+    @property
     def oldest_policy_version(self) -> int | None:
         versions = [s.policy_version for s in self.action_segments if s.policy_version is not None]
         return min(versions) if versions else None

@@ -24,7 +24,9 @@ and ``StepInfo``.
 
 Limits (all end the episode with ``truncated=True`` and ``info["truncation_reason"]``): ``max_steps``
 ("step_limit"), ``max_wall_s`` measured from reset ("time_limit"; a turn still running at the deadline is
-cancelled), ``max_format_errors`` consecutive unparseable actions ("format_errors").
+cancelled), ``max_format_errors`` consecutive unparseable actions ("format_errors"). ``info["graded"]`` says
+whether ``on_truncation`` graded the cut: a graded cut's return is complete (terminal for the trainer's GAE), an
+ungraded one bootstraps from V; a "format_errors" ending, caused by the policy, is terminal either way.
 
 Infra errors: a ``sao.sandboxes.protocols.SandboxError`` raised by a hook during a step ends the episode with
 ``truncated=True``, reward 0 and ``info["infra_error"]`` (the agent marks the trajectory infra_error; it is never
@@ -146,7 +148,9 @@ class MultiTurnEnv(gym.Env[str, str]):
         """Release per-episode resources. Called once per episode (episode end, next reset, or close)."""
 
     async def on_truncation(self, reason: str) -> Grade | None:
-        """Grade what exists when a limit ends the episode; ``None`` means reward 0, not solved."""
+        """Grade what exists when a limit ends the episode. A ``Grade`` completes the episode's return (the trainer
+        treats the cut as terminal); ``None`` means nothing was graded: reward may still be to come, so the trainer
+        bootstraps from V after the last action (``info["graded"]`` records which)."""
         return None
 
     def system_prompt(self) -> str:
@@ -215,6 +219,7 @@ class MultiTurnEnv(gym.Env[str, str]):
                 return cap_text(turn.observation, self.max_obs_chars), 0.0, False, True, info
             except SandboxDiedError as e:
                 grade = died_grade(e)
+            info["graded"] = grade is not None
             if grade is not None:
                 reward += grade.reward
                 info["report"], info["solved"] = grade.report, grade.solved
@@ -234,13 +239,14 @@ class MultiTurnEnv(gym.Env[str, str]):
         reward = 0.0
         try:
             grade = await self.on_truncation(reason)
+            info["graded"] = grade is not None
             if grade is not None:
                 reward = float(grade.reward)
                 info["report"], info["solved"] = grade.report, grade.solved
         except SandboxError as e:
             info["infra_error"] = f"{type(e).__name__}: {e}"
         except SandboxDiedError as e:
-            info["report"], info["solved"] = died_grade(e).report, False
+            info["report"], info["solved"], info["graded"] = died_grade(e).report, False, True
         finally:
             await self._finish()
         return reward, info

@@ -37,6 +37,9 @@ class StepInfo(TypedDict, total=False):
     ``role``: chat role that carries the observation ("tool" for tool results, else "user"). ``format_error``: the
     action could not be parsed. ``infra_error``: the infrastructure failed (the episode ends, never trained on).
     ``truncation_reason``: which limit ended the episode. ``solved`` and ``report``: the grade, at the end.
+    ``graded``: set when a limit ends the episode (``truncated``): whether the env graded what exists there (its
+    return is then complete and the trainer treats the cut as terminal); False: reward may still be to come, so the
+    trainer bootstraps from V after the last action.
     ``tool_name``, ``exit_code``, ``tool_error``, ``timings`` (seconds), ``step`` (1-based): what the turn did.
     """
 
@@ -46,6 +49,7 @@ class StepInfo(TypedDict, total=False):
     truncation_reason: TruncationReason
     solved: bool
     report: dict[str, Any]
+    graded: bool
     tool_name: str
     exit_code: int | None
     tool_error: bool

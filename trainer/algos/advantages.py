@@ -80,28 +80,31 @@ def _compact_index(mask: torch.Tensor) -> tuple[torch.Tensor, int, int]:
     return fi.view(-1), b, width
 
 
-def _bootstrap_truncated(
-    rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, truncated: torch.Tensor | None, gamma: float
+def _bootstrap(
+    rewards: torch.Tensor, mask: torch.Tensor, bootstrap_values: torch.Tensor | None, gamma: float
 ) -> torch.Tensor:
-    """Rewards with ``gamma * V(last masked token)`` added on the last masked token of every truncated row.
+    """Rewards with ``gamma * bootstrap_values[b]`` added on the last masked token of every row ``b``.
 
-    A truncated episode (a limit, not the task, ended it: Gymnasium's ``truncated``) has a future the data does
-    not show, so V after its last token is not 0: bootstrapping from V at the cut makes that token's
-    ``delta = r + gamma * V(cut) - V(cut)``, which is exactly this reward shift with V = 0 after the last token.
+    ``bootstrap_values`` (``[B]``) is V of the state after each row's last token for an episode whose return is
+    incomplete (a cut nothing graded), and 0 for a complete one. Bootstrapping makes that token's
+    ``delta = r + gamma * V(after) - V(last)``, which is exactly this reward shift with V = 0 after the last token.
     """
-    if truncated is None:
+    if bootstrap_values is None:
         return rewards
     b, t = rewards.shape
-    if tuple(truncated.shape) != (b,):
-        raise ValueError(f"truncated must be [B] = [{b}] (one flag per row), got {tuple(truncated.shape)}")
+    if tuple(bootstrap_values.shape) != (b,):
+        raise ValueError(
+            f"bootstrap_values must be [B] = [{b}] (one value per row), got {tuple(bootstrap_values.shape)}"
+        )
     m = mask.bool()
-    rows = truncated.bool().to(m.device) & m.any(dim=1)
+    boot = bootstrap_values.detach().to(m.device)
+    rows = (boot != 0) & m.any(dim=1)
     if not bool(rows.any()):
         return rewards
     last = t - 1 - torch.flip(m, dims=[1]).to(torch.int8).argmax(dim=1)  # the last masked column of each row
-    r = rewards.clone().to(torch.promote_types(rewards.dtype, values.dtype))
+    r = rewards.clone().to(torch.promote_types(rewards.dtype, boot.dtype))
     idx = torch.arange(b, device=r.device)[rows]
-    r[idx, last[rows]] += gamma * values[idx, last[rows]].to(r.dtype)
+    r[idx, last[rows]] += gamma * boot[rows].to(r.dtype)
     return r
 
 
@@ -111,10 +114,10 @@ def _masked_gae(
     mask: torch.Tensor,
     gamma: float,
     lam: float,
-    truncated: torch.Tensor | None = None,
+    bootstrap_values: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """GAE over the masked tokens only, each row's masked tokens treated as consecutive steps; ``truncated``
-    rows bootstrap from V at their last masked token (see ``_bootstrap_truncated``), the others take V = 0 after it.
+    """GAE over the masked tokens only, each row's masked tokens treated as consecutive steps; V after a row's last
+    masked token is ``bootstrap_values[row]`` (see ``_bootstrap``), 0 when None.
 
     The masked tokens of every sequence are scattered into a compact zero-padded ``[G, W]`` table, the
     recursion runs there, and the result is gathered back: memory is O(B*T), and tokens off the mask can
@@ -124,7 +127,7 @@ def _masked_gae(
     _check_gamma_lam(gamma, lam)
     out_dtype = torch.promote_types(values.dtype, torch.float32)
     rewards, values = rewards.detach(), values.detach()  # advantages and returns are targets: no gradient
-    rewards = _bootstrap_truncated(rewards, values, mask, truncated, gamma)
+    rewards = _bootstrap(rewards, mask, bootstrap_values, gamma)
     if dense_supported(gamma, lam):
         # no compaction needed: the chunked dense scan is several times faster (see trainer/algos/scan.py)
         return masked_gae_dense(rewards, values, mask, gamma, lam)
@@ -157,19 +160,20 @@ def skip_observation_gae(
     action_mask: torch.Tensor,
     gamma: float,
     lam: float,
-    truncated: torch.Tensor | None = None,
+    bootstrap_values: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """GAE over action tokens only: observation, prompt and padding tokens are skipped, never bootstrapped through.
 
     For consecutive action tokens ``t`` and ``t'`` (``t'`` the next ACTION token of the row, however many
     observation tokens lie between): ``delta_t = r_t + gamma * V(t') - V(t)`` and
-    ``A_t = delta_t + gamma * lam * A_t'``; after the last action token ``V = 0`` and ``A = 0``, except in the
-    rows ``truncated`` (``[B]`` bool) flags, where V after the last action token is V at it (the cut).
+    ``A_t = delta_t + gamma * lam * A_t'``; after the last action token ``A = 0`` and ``V = 0`` (the episode's
+    return is complete), or ``V = bootstrap_values[row]`` (``[B]``: V of the state after the row's last action,
+    for a cut nothing graded; 0 on complete rows).
     ``returns = advantages + values`` on action tokens. Both outputs are ``[B, T]``, 0 off the action tokens, in
     ``values``' dtype promoted to at least float32. Raises ValueError on mismatched shapes or gamma/lam outside
     [0, 1].
     """
-    return _masked_gae(rewards, values, action_mask, gamma, lam, truncated)
+    return _masked_gae(rewards, values, action_mask, gamma, lam, bootstrap_values)
 
 
 def gae(
@@ -178,15 +182,15 @@ def gae(
     response_mask: torch.Tensor,
     gamma: float,
     lam: float,
-    truncated: torch.Tensor | None = None,
+    bootstrap_values: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Standard token GAE over every response token (actions and observations alike), for the ablation.
 
     Same recursion as ``skip_observation_gae`` but it steps through observation tokens and bootstraps from
-    their values; only the prompt and padding (``response_mask == 0``) are outside it. ``truncated`` rows
-    bootstrap from V at their last response token.
+    their values; only the prompt and padding (``response_mask == 0``) are outside it. V after a row's last
+    response token is ``bootstrap_values[row]`` (0 when None).
     """
-    return _masked_gae(rewards, values, response_mask, gamma, lam, truncated)
+    return _masked_gae(rewards, values, response_mask, gamma, lam, bootstrap_values)
 
 
 def length_adaptive_lambda(action_tokens: int, alpha: float) -> float:
@@ -234,7 +238,7 @@ def _select_rows(inputs: AdvantageInputs, rows: torch.Tensor, lam: float) -> Adv
         values=pick(inputs.values),
         response_mask=pick(inputs.response_mask),
         group_ids=pick(inputs.group_ids),
-        truncated=pick(inputs.truncated),
+        bootstrap_values=pick(inputs.bootstrap_values),
         lam=lam,
     )
 
@@ -358,14 +362,16 @@ def whiten(
 @register_advantage("skip_obs_gae", needs_values=True)
 def _skip_obs_gae_entry(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
     values = _need(inputs.values, "critic values", "skip_obs_gae")
-    return skip_observation_gae(inputs.rewards, values, inputs.action_mask, inputs.gamma, inputs.lam, inputs.truncated)
+    return skip_observation_gae(
+        inputs.rewards, values, inputs.action_mask, inputs.gamma, inputs.lam, inputs.bootstrap_values
+    )
 
 
 @register_advantage("gae", needs_values=True, token_level=True)
 def _gae_entry(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
     values = _need(inputs.values, "critic values", "gae")
     mask = inputs.response_mask if inputs.response_mask is not None else inputs.action_mask
-    adv, ret = gae(inputs.rewards, values, mask, inputs.gamma, inputs.lam, inputs.truncated)
+    adv, ret = gae(inputs.rewards, values, mask, inputs.gamma, inputs.lam, inputs.bootstrap_values)
     # Observation tokens get advantages too, but the policy loss only ever reads action tokens.
     return adv, ret
 

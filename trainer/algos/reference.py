@@ -11,14 +11,14 @@ import torch
 
 
 def skip_observation_gae_row(
-    rewards: list[float], values: list[float], mask: list[bool], gamma: float, lam: float, truncated: bool = False
+    rewards: list[float], values: list[float], mask: list[bool], gamma: float, lam: float, bootstrap_value: float = 0.0
 ) -> tuple[list[float], list[float]]:
-    """One sequence, walked backwards; tokens with ``mask`` False are skipped entirely. ``truncated``: a limit
-    ended the episode, so V after the last action token is V at that token (the cut), not 0."""
+    """One sequence, walked backwards; tokens with ``mask`` False are skipped entirely. ``bootstrap_value``: V of
+    the state after the last action token (0 when the episode's return is complete; V there for a cut nothing
+    graded)."""
     adv = [0.0] * len(rewards)
     ret = [0.0] * len(rewards)
-    last = max((t for t in range(len(rewards)) if mask[t]), default=None)
-    next_value = values[last] if truncated and last is not None else 0.0  # V after the last action token
+    next_value = bootstrap_value  # V after the last action token
     lastgaelam = 0.0
     for t in reversed(range(len(rewards))):
         if not mask[t]:
@@ -37,12 +37,12 @@ def skip_observation_gae_loop(
     action_mask: torch.Tensor,
     gamma: float,
     lam: float,
-    truncated: torch.Tensor | None = None,
+    bootstrap_values: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``[B, T]`` in, ``[B, T]`` float64 out: a Python loop over rows and tokens (``truncated``: ``[B]`` bool)."""
+    """``[B, T]`` in, ``[B, T]`` float64 out: a Python loop over rows and tokens (``bootstrap_values``: ``[B]``)."""
     adv_rows, ret_rows = [], []
-    cut = [False] * rewards.shape[0] if truncated is None else truncated.bool().tolist()
-    for r, v, m, c in zip(rewards.tolist(), values.tolist(), action_mask.bool().tolist(), cut, strict=True):
+    boot = [0.0] * rewards.shape[0] if bootstrap_values is None else bootstrap_values.tolist()
+    for r, v, m, c in zip(rewards.tolist(), values.tolist(), action_mask.bool().tolist(), boot, strict=True):
         a, ret = skip_observation_gae_row(r, v, m, gamma, lam, c)
         adv_rows.append(a)
         ret_rows.append(ret)

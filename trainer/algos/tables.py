@@ -65,9 +65,9 @@ class AdvantageInputs:
     ``action_mask``: 1 on action tokens; ``values``: critic values (estimators with a critic need them);
     ``response_mask``: 1 on every non-prompt token (``gae`` runs over it; defaults to ``action_mask``);
     ``group_ids``: ``[B]`` prompt group of each row (``grpo``); ``baseline``: the trainer's running-mean state
-    (``running_mean``, which reads and then updates it); ``truncated``: ``[B]`` bool, rows whose episode a limit
-    ended (``Trajectory.status == "truncated"``): estimators with a critic bootstrap from V at the cut there
-    instead of taking V = 0 after the last token.
+    (``running_mean``, which reads and then updates it); ``bootstrap_values``: ``[B]``, V of the state after each
+    row's last token where the episode's return is incomplete (a cut nothing graded: ``Trajectory.bootstraps``)
+    and 0 where it is complete; estimators with a critic take it as V after the row's last token (None: 0 for all).
     """
 
     rewards: torch.Tensor
@@ -76,7 +76,7 @@ class AdvantageInputs:
     response_mask: torch.Tensor | None = None
     group_ids: torch.Tensor | None = None
     baseline: RunningMeanBaseline | None = None
-    truncated: torch.Tensor | None = None
+    bootstrap_values: torch.Tensor | None = None
     gamma: float = 1.0
     lam: float = 1.0
 

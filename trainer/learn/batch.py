@@ -27,8 +27,10 @@ class Batch:
     what token-level ``gae`` runs over); rollout_logprobs (float32, the engine's sampling logprob, 0 off actions;
     may hold -inf/NaN from a faulty engine: the learner masks those tokens); rewards (float32: each turn's reward
     on its last action token, the rest of the trajectory reward on the last action token); group_ids (long ``[B]``:
-    ``Trajectory.group_id``, or a group of its own for a trajectory without one); truncated (bool ``[B]``: the
-    trajectory's status is ``truncated``, a limit ended it, so GAE bootstraps from V at the cut).
+    ``Trajectory.group_id``, or a group of its own for a trajectory without one); bootstrap (bool ``[B]``: the
+    episode's return is incomplete, a cut nothing graded (``Trajectory.bootstraps``), so GAE bootstraps from V of
+    the state after the row's last token; False for every complete return: terminated, a graded cut, a
+    format-error ending).
     """
 
     input_ids: torch.Tensor
@@ -39,7 +41,7 @@ class Batch:
     rollout_logprobs: torch.Tensor
     rewards: torch.Tensor
     group_ids: torch.Tensor
-    truncated: torch.Tensor
+    bootstrap: torch.Tensor
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -142,7 +144,7 @@ def _build(flats: list[_Flat], width: int, pad_token_id: int, trajectories: Sequ
         rollout_logprobs=logprobs,
         rewards=rewards,
         group_ids=group_ids,
-        truncated=torch.tensor([t.status == "truncated" for t in trajectories], dtype=torch.bool),
+        bootstrap=torch.tensor([t.bootstraps for t in trajectories], dtype=torch.bool),
     )
 
 

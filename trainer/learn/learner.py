@@ -56,6 +56,7 @@ from sao.trainer.learn.deepspeed_engine import (
     token_scale,
 )
 from sao.trainer.learn.models import shifted_values
+from sao.trainer.learn.targets import gae_inputs, value_after, value_targets
 
 # Rows of the LM head computed at a time for logprobs: 1,024 x V float32 is 200 MB at SmolLM2's 49k vocabulary,
 # 620 MB at a 152k one (docs/scale.md).
@@ -127,9 +128,11 @@ class Learner:
             entropy_grad=self.cfg.trainer.entropy_coef > 0, chunk_tokens=LOGPROB_CHUNK_TOKENS, positions=b.action_mask,
         )  # fmt: skip
 
-    def _values(self, b: Batch) -> torch.Tensor:
+    def _values(self, b: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """(shifted critic values ``[B, T]`` on the response tokens, 0 elsewhere; ``value_after`` ``[B]``)."""
         assert self.critic is not None
-        return shifted_values(self.critic(b.input_ids, b.attention_mask, b.position_ids))
+        raw = self.critic(b.input_ids, b.attention_mask, b.position_ids)
+        return torch.where(b.response_mask, shifted_values(raw), 0.0), value_after(raw, b)
 
     # -- the step --------------------------------------------------------------------------------------------
     def train_step(self, trajs: list[Trajectory], policy: bool = True) -> dict[str, float]:
@@ -189,13 +192,17 @@ class Learner:
         olds: list[torch.Tensor] = []
         if self.adv_traits.needs_values:
             with torch.no_grad():
-                olds = [torch.where(b.response_mask, self._values(b), 0.0) for b in micro]
-            bad = sum(float((b.response_mask & ~torch.isfinite(v)).sum()) for b, v in zip(micro, olds, strict=True))
+                pairs = [self._values(b) for b in micro]
+            olds, afters = [v for v, _ in pairs], [a for _, a in pairs]
+            bad = sum(
+                float((b.response_mask & ~torch.isfinite(v)).sum()) + float((~torch.isfinite(a)).sum())
+                for b, v, a in zip(micro, olds, afters, strict=True)
+            )
             m["nonfinite_values"] = dist_utils.all_reduce_sum([bad])[0]
             if m["nonfinite_values"] > 0:
                 return None
-            for b, v in zip(micro, olds, strict=True):
-                a, r = self._gae(b, v)
+            for b, v, after in zip(micro, olds, afters, strict=True):
+                a, r = self._gae(b, v, after)
                 advs.append(a)
                 rets.append(r)
         else:
@@ -234,23 +241,15 @@ class Learner:
             m["adv_neg_turns_failed"] = neg / failed
         return _Advantages(advs, rets, olds, value_masks)
 
-    def _gae(self, b: Batch, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _gae(self, b: Batch, values: torch.Tensor, after: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Actor advantages with ``trainer.lam`` (or VAPO's length-adaptive lambda per row), critic returns with
-        ``trainer.critic_lam``; one estimator call when the two lambdas agree. Truncated rows bootstrap from V
-        at the cut in both."""
+        ``trainer.critic_lam``; one estimator call when the two lambdas agree. ``after`` (``value_after``): rows
+        whose return is incomplete bootstrap from it in both; every other row takes V = 0 after its last token."""
         t = self.cfg.trainer
-        inputs = AdvantageInputs(
-            rewards=b.rewards,
-            action_mask=b.action_mask,
-            response_mask=b.response_mask,
-            values=values,
-            truncated=b.truncated,
-            gamma=t.gamma,
-            lam=t.lam,
-        )
+        inputs = gae_inputs(b, values, after, t.gamma, t.lam)
         adv, ret = self.adv_fn(inputs)
         if t.critic_lam != t.lam:
-            _, ret = self.adv_fn(dataclasses.replace(inputs, lam=t.critic_lam))
+            ret = value_targets(self.adv_fn, b, values, after, t.gamma, t.critic_lam)
         if t.length_adaptive_lambda:
             adv, _ = advantages_per_row_lambda(self.adv_fn, inputs, row_lambdas(b.action_mask, t.lambda_alpha))
         return adv, ret

@@ -1,8 +1,10 @@
 """Value pretraining: train only the critic on saved trajectories (returns from their recorded rewards).
 
 Reads ``sao.agent.records`` JSONL, a run's (or ``sao collect``'s) ``trajectories.jsonl`` (its ``trajectory`` records),
-or a parquet file written by ``sao.agent.records_arrow.write_parquet``; infra errors are skipped. Computes returns with
-skip-observation GAE at lambda = 1 on zero values (the discounted reward-to-go over action tokens), runs ``epochs``
+or a parquet file written by ``sao.agent.records_arrow.write_parquet``; infra errors are skipped. The targets are
+RL's critic targets at lambda = 1 (``sao.trainer.learn.targets.value_targets``, the run's estimator on zero values):
+the discounted reward-to-go, and on an episode whose return is incomplete (a cut nothing graded) plus the discounted
+value the critic gives the state after its last token, the one end-of-episode rule RL follows. Runs ``epochs``
 passes of the value loss on DeepSpeed and writes a critic checkpoint that ``critic.init`` accepts.
 """
 
@@ -18,7 +20,7 @@ import torch
 from sao.agent.records import Trajectory
 from sao.core.jsonl import iter_jsonl
 from sao.trainer import distributed as dist_utils
-from sao.trainer.algos.advantages import skip_observation_gae
+from sao.trainer.algos.registry import AdvantageFn, advantage_traits, get_advantage
 from sao.trainer.config import Config, ConfigError, load_config
 from sao.trainer.learn.batch import Batch, collate
 from sao.trainer.learn.deepspeed_engine import (
@@ -31,6 +33,7 @@ from sao.trainer.learn.deepspeed_engine import (
     token_scale,
 )
 from sao.trainer.learn.models import shifted_values
+from sao.trainer.learn.targets import value_after, value_targets
 
 
 def read_rollouts(path: str | Path) -> list[Trajectory]:
@@ -94,9 +97,27 @@ def split_by_task(trajs: list[Trajectory], holdout: float, seed: int) -> tuple[l
     return [t for t in trajs if t.task_id not in held_ids], [t for t in trajs if t.task_id in held_ids]
 
 
-def _returns(b: Batch, gamma: float) -> torch.Tensor:
-    """The discounted reward-to-go over action tokens (GAE at lambda = 1 on zero values): the value target."""
-    return skip_observation_gae(b.rewards, torch.zeros_like(b.rewards), b.action_mask, gamma, 1.0)[1]
+def _estimator(cfg: Config) -> AdvantageFn:
+    """The run's advantage estimator when it reads critic values (every critic algorithm's does), else
+    skip-observation GAE."""
+    name = cfg.advantage_estimator if advantage_traits(cfg.advantage_estimator).needs_values else "skip_obs_gae"
+    return get_advantage(name)
+
+
+@torch.no_grad()
+def _returns(critic: Any, full: Batch, micro: list[Batch], cfg: Config) -> list[torch.Tensor]:
+    """The value targets of ``micro`` (the shards of ``full``): RL's critic targets at lambda = 1 (``value_targets``
+    on zero values). Only a batch with a row that bootstraps costs a forward of ``critic`` (for the value after
+    that row's last token); the choice is made on ``full``, which every rank holds, so ZeRO-3's collective forwards
+    stay in step."""
+    fn, bootstraps = _estimator(cfg), bool(full.bootstrap.any())
+    out = []
+    for b in micro:
+        after = torch.zeros(b.shape[0])
+        if bootstraps:
+            after = value_after(critic(b.input_ids, b.attention_mask, b.position_ids), b)
+        out.append(value_targets(fn, b, torch.zeros_like(b.rewards), after, cfg.trainer.gamma, 1.0))
+    return out
 
 
 def _batches(trajs: list[Trajectory], order: list[int], bs: int) -> list[list[Trajectory]]:
@@ -112,9 +133,10 @@ def held_out_ev(critic: Any, held: list[Trajectory], cfg: Config, pad_id: int) -
     parts = [0.0] * 5
     bs = cfg.trainer.batch_size
     for batch in (held[s : s + bs] for s in range(0, len(held), bs)):
-        micro = shard_batch(collate(batch, pad_id), cfg.deepspeed)
+        full = collate(batch, pad_id)
+        micro = shard_batch(full, cfg.deepspeed)
         vals = [shifted_values(critic(b.input_ids, b.attention_mask, b.position_ids)) for b in micro]
-        rets = [_returns(b, cfg.trainer.gamma) for b in micro]
+        rets = _returns(critic, full, micro, cfg)
         for i, x in enumerate(ev_parts(vals, rets, [b.action_mask for b in micro])):
             parts[i] += x
     return ev_from_parts(dist_utils.all_reduce_sum(parts))
@@ -152,9 +174,10 @@ def fit_critic(
         order = list(range(len(fit)))
         rng.shuffle(order)
         for batch in _batches(fit, order, bs):
-            micro = shard_batch(collate(batch, pad_id), cfg.deepspeed)
+            full = collate(batch, pad_id)
+            micro = shard_batch(full, cfg.deepspeed)
             masks = [b.action_mask for b in micro]
-            rets = [_returns(b, cfg.trainer.gamma) for b in micro]
+            rets = _returns(critic, full, micro, cfg)
             n_total, scale = token_scale(masks, grad_accum)
             values: list[torch.Tensor] = []
             total, norm, _ = critic_step(critic, micro, masks, rets, None, None, scale, seen=values)

@@ -1,13 +1,14 @@
 """`sao train configs/swe_quickstart.yaml` at smoke size (2 SWE tasks in Docker, real SmolLM2, 1 RL step), then
 what the trainer consumed, checked on the very trajectories it trained (the run's ledger) with its own code:
 observation tokens get no advantage and no policy gradient, each turn's reward sits on its last action token, a
-truncated episode bootstraps from V at the cut, and the SWE rollouts made a policy step that moved the weights.
+cut episode the SWE env graded is terminal (no bootstrap from V: its return is complete), and the SWE rollouts made
+a policy step that moved the weights.
 
 Sizes: CPU training on SmolLM2 costs ~25 CPU-s per 1k tokens of forward+backward, so the smoke keeps episodes
 short: a 1,400-token context budget (the prompts alone are 750-1,100 tokens) ends every episode truncated within a
-turn or two, which is also what it checks (the budget rule, the bootstrap). The demonstrations are cut by the same
-budget before their fix, so the smoke trains RL from the base model (no SFT stage; `test_quickstart` covers SFT);
-the full job is a benchmark (its numbers are in the README).
+turn or two, which is also what it checks (the budget rule, the end-of-episode rule). The demonstrations are cut by
+the same budget before their fix, so the smoke trains RL from the base model (no SFT stage; `test_quickstart` covers
+SFT); the full job is a benchmark (its numbers are in the README).
 """
 
 from __future__ import annotations
@@ -58,6 +59,8 @@ def check_what_the_trainer_consumed(train: Path, start_model: Path, budget: int)
     from sao.trainer.config import load_config
     from sao.trainer.learn.batch import collate
     from sao.trainer.learn.learner import Learner
+    from sao.trainer.learn.models import shifted_values
+    from sao.trainer.learn.targets import value_after
 
     trajs = _trained(train)
     assert len(trajs) == 2 and all(t.env_id == "sao/SWE-v0" for t in trajs)
@@ -81,11 +84,14 @@ def check_what_the_trainer_consumed(train: Path, start_model: Path, budget: int)
         assert all(bool(act[r, p]) for p in last)
     # advantages through the learner's own GAE (its config: skip-observation GAE, length-adaptive lambda)
     stub = SimpleNamespace(cfg=cfg, adv_fn=get_advantage("skip_obs_gae"))
-    values = torch.rand(batch.shape) * batch.response_mask
-    adv, _ = Learner._gae(stub, batch, values)  # type: ignore[arg-type]
+    raw = torch.rand(batch.shape)
+    values = shifted_values(raw) * batch.response_mask
+    adv, _ = Learner._gae(stub, batch, values, value_after(raw, batch))  # type: ignore[arg-type]
     assert torch.all(adv[~act] == 0)
     truncated = [r for r, t in enumerate(trajs) if t.status == "truncated"]
     assert truncated, [t.status for t in trajs]
+    # the SWE env grades the repository whenever an episode ends: every cut is graded, its return complete
+    assert all(trajs[r].info.get("graded") is True for r in truncated) and not bool(batch.bootstrap.any())
     # the context budget's one rule, in real episodes: within it, and a budget cut ends on an action
     for t in trajs:
         assert t.num_tokens <= budget
@@ -93,9 +99,8 @@ def check_what_the_trainer_consumed(train: Path, start_model: Path, budget: int)
             assert t.segments[-1].kind == "action"
     for r in range(len(trajs)):
         p = int(torch.nonzero(act[r]).flatten()[-1])
-        cut = float(batch.rewards[r, p]) + (float(values[r, p]) if r in truncated else 0.0)
-        # A at the last action token = r + gamma * V_next - V, V_next the bootstrap V at the cut (truncated) or 0
-        assert abs(float(adv[r, p]) - (cut - float(values[r, p]))) < 1e-5
+        # A at the last action token = r - V: V after a complete return is 0, a graded cut included
+        assert abs(float(adv[r, p]) - (float(batch.rewards[r, p]) - float(values[r, p]))) < 1e-5
     # the DIS loss (the run's band) gives observation and prompt tokens no gradient, action tokens some
     logp = (batch.rollout_logprobs - 0.01).clone().requires_grad_(True)
     lo, hi = cfg.dis_bounds
