@@ -98,7 +98,12 @@ class ChatRenderer:
     def render_after_action(self, action_ids: list[int], message: dict[str, Any]) -> list[int]:
         """Tokens that follow a sampled action: the template's end of the assistant turn (unless the model
         already emitted it), ``message``, and the next assistant generation header."""
-        probe = [{"role": "user", "content": "x"}, {"role": "assistant", "content": _SENTINEL}, message]
+        return self.render_after_action_messages(action_ids, [message])
+
+    def render_after_action_messages(self, action_ids: list[int], messages: list[dict[str, Any]]) -> list[int]:
+        """``render_after_action`` for several messages at once (e.g. one tool result per call of the action), each
+        rendered as its own message by the template, as a whole-conversation rendering would."""
+        probe = [{"role": "user", "content": "x"}, {"role": "assistant", "content": _SENTINEL}, *messages]
         text = self._render(probe, None, gen=True)
         cut = text.rfind(_SENTINEL)
         if cut < 0:

@@ -1,0 +1,296 @@
+"""One episode behind the gateway: OpenAI chat requests in, rows of token-exact segments out (no HTTP here).
+
+The exactness rule. A request *extends* the session when its messages are the previous request's messages, then
+the assistant message the gateway returned for it, then at least one new non-assistant message (compared in
+normal form, ``wire.normal_message``), with the same tools. Then the new messages are rendered after the sampled
+action ids (``ChatRenderer.render_after_action_messages``, one observation segment) and the engine gets exactly
+``previous prompt ids + sampled ids + observation ids``: token-in, an earlier action is never re-tokenised.
+Any other request (history edited or summarised, an assistant message changed or dropped, other tools) starts a
+new *row* from ``render_prompt`` of its messages and counts a prefix break. Every row is prompt, action,
+(observation, action)*: exactly the ids the engine was given and sampled, so each row trains on what the model
+saw; all rows of an episode share its outcome. Before an extension goes to the engine, its ids are checked to
+start with the row so far (a wrong row is impossible; a failed check starts a new row instead).
+
+The context budget: a prompt that leaves no room for one action token ends the episode (``context_exhausted``,
+the reply is empty with ``finish_reason="length"``, its messages are not appended); an action that fills the
+last room is kept (the reply carries its text, ``finish_reason="length"``) and ends the episode too. Later
+requests get the same empty "length" reply without reaching the engine. Never an error.
+
+Stop strings are honoured whatever the engine: the action is cut after the token that completes the first stop
+string (vLLM stops there itself; an engine that does not gets its tail dropped). A prefix of sampled tokens is
+still exactly what was sampled, and the next prompt carries the cut action, so the row stays exact.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from sao.agent.chat import ChatRenderer
+from sao.agent.engines.protocols import Engine, EngineError, SamplingParams
+from sao.agent.gateway.wire import ChatRequest, normal_message, split_tool_calls, template_messages
+from sao.agent.records import Segment, Trajectory
+
+
+@dataclass(frozen=True)
+class EngineCall:
+    """The engine's side of one request: the exact prompt ids it got, the ids and logprobs it sampled, the version
+    that sampled them, its finish reason, how many sampled tokens the row kept (fewer only when a stop string ended
+    the action early) and the seconds the call took."""
+
+    prompt_ids: tuple[int, ...]
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    version: int
+    finish_reason: str
+    kept: int
+    engine_s: float
+
+
+@dataclass(frozen=True)
+class SessionRecord:
+    """A closed (or peeked-at) session: its rows, breaks, calls, the last messages, and the engine's own record.
+
+    ``rows``: each row is prompt, action, (observation, action)*, exactly what the engine saw. ``calls``: chat
+    requests answered. ``messages``: the last request's messages + the last reply. ``engine_calls``: one per engine
+    request, in order (``exactness_errors`` compares them with the rows). ``engine_errors``: requests the engine
+    failed (answered 502; an episode with any is an infra error for the harness to mark).
+    """
+
+    session_id: str
+    rows: tuple[tuple[Segment, ...], ...]
+    prefix_breaks: int
+    calls: int
+    context_exhausted: bool
+    messages: tuple[dict[str, Any], ...]
+    engine_calls: tuple[EngineCall, ...] = ()
+    engine_errors: int = 0
+
+    def trajectories(
+        self, *, task_id: str, env_id: str, reward: float, status: str, info: dict[str, Any]
+    ) -> list[Trajectory]:
+        """One Trajectory per row, all with the episode's ``reward`` (on each row's last action segment) and
+        ``status``; ``info`` gains row / rows / prefix_breaks / session_id / calls / context_exhausted. No row
+        (no request reached the engine): an empty list."""
+        out = []
+        engine_s = sum(c.engine_s for c in self.engine_calls)
+        for i, row in enumerate(self.rows):
+            segments = list(row)
+            last = max(j for j, s in enumerate(segments) if s.kind == "action")
+            segments[last] = dataclasses.replace(segments[last], reward=float(reward))
+            row_info = {
+                **info,
+                "row": i,
+                "rows": len(self.rows),
+                "prefix_breaks": self.prefix_breaks,
+                "session_id": self.session_id,
+                "calls": self.calls,
+                "context_exhausted": self.context_exhausted,
+            }
+            timings = {"engine_s": engine_s} if i == 0 else {}
+            out.append(Trajectory(task_id, env_id, tuple(segments), float(reward), status, row_info, timings))  # type: ignore[arg-type]
+        return out
+
+    def exactness_errors(self) -> list[str]:
+        """Where the rows differ from the engine's record (empty: token for token the same). Action ``k`` of the
+        episode (rows in order) must have been sampled by engine call ``k``, from exactly the row's ids before it."""
+        steps: list[tuple[int, tuple[int, ...], Segment]] = []
+        errors = []
+        for r, row in enumerate(self.rows):
+            kinds = [s.kind for s in row]
+            if kinds[:1] != ["prompt"] or kinds[-1:] != ["action"] or any(k == "prompt" for k in kinds[1:]):
+                errors.append(f"row {r}: segments {kinds} are not prompt, action, (observation, action)*")
+            seen: list[int] = []
+            for seg in row:
+                if seg.kind == "action":
+                    steps.append((r, tuple(seen), seg))
+                seen += seg.token_ids
+        if len(steps) != len(self.engine_calls):
+            errors.append(f"{len(steps)} actions in the rows but {len(self.engine_calls)} engine calls")
+        for k, ((r, before, seg), call) in enumerate(zip(steps, self.engine_calls, strict=False)):
+            if before != call.prompt_ids:
+                errors.append(f"row {r}, action {k}: the row's ids before it differ from the engine's prompt")
+            if seg.token_ids != call.token_ids[: call.kept] or seg.logprobs != call.logprobs[: call.kept]:
+                errors.append(f"row {r}, action {k}: ids or logprobs differ from what the engine sampled")
+            if seg.policy_version != call.version:
+                errors.append(f"row {r}, action {k}: version {seg.policy_version}, the engine's {call.version}")
+        return errors
+
+
+@dataclass(frozen=True)
+class SessionLimits:
+    """``max_context_tokens``: prompt + action must fit (reaching it ends the episode); ``max_action_tokens``: the
+    most tokens sampled per request (a request's own ``max_tokens`` may only lower it)."""
+
+    max_context_tokens: int
+    max_action_tokens: int
+
+    def __post_init__(self) -> None:
+        if self.max_action_tokens < 1 or self.max_context_tokens <= self.max_action_tokens:
+            raise ValueError(
+                f"gateway limits: need 1 <= max_action_tokens ({self.max_action_tokens}) < max_context_tokens "
+                f"({self.max_context_tokens}); raise max_context_tokens or lower max_action_tokens"
+            )
+
+
+@dataclass(frozen=True)
+class GatewayReply:
+    """What the gateway answers one request with (``wire.completion_body`` makes the JSON)."""
+
+    content: str
+    tool_calls: list[dict[str, Any]]
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+
+    def as_message(self) -> dict[str, Any]:
+        msg: dict[str, Any] = {"role": "assistant", "content": self.content}
+        if self.tool_calls:
+            msg["tool_calls"] = self.tool_calls
+        return msg
+
+
+@dataclass(frozen=True)
+class _Turn:
+    """The previous answered request, what an extension must repeat: its messages' normal forms, its tools, the
+    reply's normal form; and the ids it was given and sampled."""
+
+    messages: tuple[Any, ...]
+    tools: tuple[dict[str, Any], ...]
+    reply: Any
+    prompt_ids: tuple[int, ...]
+    action_ids: tuple[int, ...]
+
+
+class GatewaySession:
+    """One episode: answers chat requests through ``engine`` and records rows (see the module doc)."""
+
+    def __init__(self, session_id: str, engine: Engine, chat: ChatRenderer, limits: SessionLimits) -> None:
+        self.session_id, self.engine, self.chat, self.limits = session_id, engine, chat, limits
+        self.prefix_breaks = self.calls = self.engine_errors = 0
+        self.context_exhausted = False
+        self.last_active = time.monotonic()
+        self._rows: list[list[Segment]] = []
+        self._engine_calls: list[EngineCall] = []
+        self._last: _Turn | None = None
+        self._messages: tuple[dict[str, Any], ...] = ()
+        self._stop_ids = tuple(chat.stop_token_ids())
+        self._lock = asyncio.Lock()  # one request at a time: each extends what the one before left
+
+    @property
+    def busy(self) -> bool:
+        """A request is being answered."""
+        return self._lock.locked()
+
+    def record(self) -> SessionRecord:
+        return SessionRecord(
+            session_id=self.session_id,
+            rows=tuple(tuple(r) for r in self._rows),
+            prefix_breaks=self.prefix_breaks,
+            calls=self.calls,
+            context_exhausted=self.context_exhausted,
+            messages=self._messages,
+            engine_calls=tuple(self._engine_calls),
+            engine_errors=self.engine_errors,
+        )
+
+    async def complete(self, req: ChatRequest) -> GatewayReply:
+        """Answer ``req``; an ``EngineError`` propagates (nothing is recorded; a retry of the same request extends
+        the session as the first try would have)."""
+        async with self._lock:
+            self.last_active = time.monotonic()
+            try:
+                return await self._complete(req)
+            finally:
+                self.last_active = time.monotonic()
+
+    async def _complete(self, req: ChatRequest) -> GatewayReply:
+        if self.context_exhausted:
+            self.calls += 1
+            return GatewayReply("", [], "length", 0, 0)
+        normal = tuple(normal_message(m, i) for i, m in enumerate(req.messages))
+        prompt, obs = self._next_prompt(req, normal)
+        room = self.limits.max_context_tokens - len(prompt)
+        if room < 1:
+            self.prefix_breaks += int(obs is None and self._last is not None)
+            return self._exhausted(req, len(prompt))
+        n_max = min(self.limits.max_action_tokens, room, req.max_tokens or room)
+        sp = SamplingParams(n_max, req.temperature, 1.0, req.stop, self._stop_ids)
+        t0 = time.perf_counter()
+        try:
+            gen = await self.engine.generate(list(prompt), sp)
+        except EngineError:
+            self.engine_errors += 1
+            raise
+        engine_s = time.perf_counter() - t0
+        kept, text, stopped = self._cut_at_stop(list(gen.token_ids), req.stop)
+        action_ids = tuple(gen.token_ids[:kept])
+        self._engine_calls.append(
+            EngineCall(tuple(prompt), gen.token_ids, gen.logprobs, gen.version, gen.finish_reason, kept, engine_s)
+        )
+        action = Segment("action", action_ids, gen.logprobs[:kept], gen.version)
+        if obs is not None:
+            self._rows[-1] += [Segment("observation", obs), action]
+        else:
+            self.prefix_breaks += int(self._last is not None)
+            self._rows.append([Segment("prompt", prompt), action])
+        content, calls = split_tool_calls(text) if req.parse_tool_calls else (text, [])
+        finish = "tool_calls" if calls else "stop" if stopped else gen.finish_reason
+        if len(prompt) + kept >= self.limits.max_context_tokens:
+            self.context_exhausted, finish = True, "length"
+        reply = GatewayReply(content, calls, finish, len(prompt), kept)
+        self._last = _Turn(normal, req.tools, normal_message(reply.as_message()), prompt, action_ids)
+        self._messages = (*req.messages, reply.as_message())
+        self.calls += 1
+        return reply
+
+    def _next_prompt(self, req: ChatRequest, normal: tuple[Any, ...]) -> tuple[tuple[int, ...], tuple[int, ...] | None]:
+        """(the ids to send, the observation ids when the request extends the current row, else None)."""
+        last = self._last
+        if last is not None and self._extends(last, req, normal):
+            new = template_messages(self.chat, req.messages[len(last.messages) + 1 :])
+            obs = tuple(self.chat.render_after_action_messages(list(last.action_ids), new))
+            prompt = last.prompt_ids + last.action_ids + obs
+            row = tuple(t for s in self._rows[-1] for t in s.token_ids)
+            if prompt[: len(row)] == row and len(prompt) > len(row):
+                return prompt, obs
+        rendered = self.chat.render_prompt(template_messages(self.chat, req.messages, req.tools), list(req.tools))
+        return tuple(rendered), None
+
+    @staticmethod
+    def _extends(last: _Turn, req: ChatRequest, normal: tuple[Any, ...]) -> bool:
+        k = len(last.messages)
+        return (
+            len(normal) > k + 1
+            and req.tools == last.tools
+            and normal[:k] == last.messages
+            and normal[k] == last.reply
+            and all(m[0] != "assistant" for m in normal[k + 1 :])
+        )
+
+    def _exhausted(self, req: ChatRequest, prompt_tokens: int) -> GatewayReply:
+        """The prompt leaves no room for an action: the episode ends here, nothing is appended."""
+        self.context_exhausted = True
+        self.calls += 1
+        reply = GatewayReply("", [], "length", prompt_tokens, 0)
+        self._messages = (*req.messages, reply.as_message())
+        return reply
+
+    def _cut_at_stop(self, ids: list[int], stops: tuple[str, ...]) -> tuple[int, str, bool]:
+        """(tokens kept, reply text, whether a stop string ended it): cut after the token completing the earliest
+        stop string; the text ends before it, as the OpenAI API returns it."""
+        text = self.chat.action_text(ids)
+        hits = [text.find(s) for s in stops if s in text]
+        if not hits:
+            return len(ids), text, False
+        lo, hi = 1, len(ids)  # the shortest prefix whose text holds a stop string (binary search: decodes are slow)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if any(s in self.chat.action_text(ids[:mid]) for s in stops):
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo, text[: min(hits)], True

@@ -1,0 +1,308 @@
+"""The OpenAI chat-completions format at the gateway: request checks, the messages' normal form, replies.
+
+Pure functions, no HTTP. A request is refused (``RequestError``, HTTP 400, naming the setting) when it asks for
+sampling the DIS ratio cannot honour: SAO trains on the logprobs the engine reports while sampling, which the
+learner recomputes as ``log_softmax(logits / temperature)``; truncation (top-p, top-k, min-p), penalties, logit
+biases, constrained decoding and several choices per request make the sampled distribution something else (the
+trainer refuses ``rollout.top_p`` / ``rollout.top_k`` for the same reason).
+
+Two messages are the same turn when their normal forms are equal (``normal_message``): role, text content (text
+parts joined), tool calls as (name, arguments as canonical JSON), so a harness that re-serialises the tool calls
+it got back (other key order, other spacing) still extends its episode.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sao.agent.chat import ChatRenderer, tools_as_text
+from sao.agent.conversation import ConversationError, assistant_text
+from sao.envs.protocols import FormatError
+from sao.envs.tools.parsing import parse_action
+
+_ROLES = ("system", "developer", "user", "assistant", "tool")
+_DIS = (
+    "SAO trains on the engine's own logprobs (the DIS ratio), which must be those of the plain softmax of "
+    "logits / temperature"
+)
+
+
+class RequestError(ValueError):
+    """A request the gateway refuses (HTTP 400); ``param`` names the offending field."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+def _off(default: Any) -> Callable[[Any], bool]:
+    """A check that passes for ``None`` and for ``default`` (the setting's neutral value)."""
+    return lambda v: v is None or v == default
+
+
+# Setting -> (is it harmless?, what it does to the distribution). A value of the wrong type is refused too.
+_REFUSED: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "top_p": (lambda v: v is None or float(v) == 1.0, "top-p truncates the distribution"),
+    "top_k": (lambda v: v is None or int(v) in (0, -1), "top-k truncates the distribution"),
+    "min_p": (lambda v: v is None or float(v) == 0.0, "min-p truncates the distribution"),
+    "typical_p": (lambda v: v is None or float(v) == 1.0, "typical sampling truncates the distribution"),
+    "presence_penalty": (lambda v: v is None or float(v) == 0.0, "a penalty shifts the logits"),
+    "frequency_penalty": (lambda v: v is None or float(v) == 0.0, "a penalty shifts the logits"),
+    "repetition_penalty": (lambda v: v is None or float(v) == 1.0, "a penalty shifts the logits"),
+    "logit_bias": (lambda v: not v, "a logit bias shifts the logits"),
+    "bad_words": (lambda v: not v, "banned words mask tokens"),
+    "allowed_token_ids": (lambda v: not v, "an allow-list masks tokens"),
+    "min_tokens": (lambda v: v is None or int(v) == 0, "min_tokens masks the end-of-turn token"),
+    "n": (_off(1), "the gateway records one sample per request; send n separate requests"),
+    "best_of": (_off(1), "best-of picks among samples"),
+    "use_beam_search": (lambda v: not v, "beam search is not sampling"),
+    "response_format": (lambda v: not v or v.get("type") == "text", "constrained decoding masks tokens"),
+    "guided_json": (lambda v: not v, "constrained decoding masks tokens"),
+    "guided_regex": (lambda v: not v, "constrained decoding masks tokens"),
+    "guided_choice": (lambda v: not v, "constrained decoding masks tokens"),
+    "guided_grammar": (lambda v: not v, "constrained decoding masks tokens"),
+    "structured_outputs": (lambda v: not v, "constrained decoding masks tokens"),
+}
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    """A checked chat request: the messages as sent, the tools, and how to sample.
+
+    ``max_tokens``: the request's own cap (None: the session's); ``parse_tool_calls``: reply with OpenAI
+    ``tool_calls`` when the model writes ``<tool_call>`` blocks (the request has tools and ``tool_choice`` is not
+    ``"none"``)."""
+
+    messages: tuple[dict[str, Any], ...]
+    tools: tuple[dict[str, Any], ...] = ()
+    max_tokens: int | None = None
+    temperature: float = 1.0
+    stop: tuple[str, ...] = ()
+    parse_tool_calls: bool = False
+
+
+def parse_request(body: Any, *, temperature: float, fixed_temperature: bool) -> ChatRequest:
+    """Check a ``/chat/completions`` body; raise ``RequestError`` naming the setting and the fix.
+
+    ``temperature``: the gateway's (the run's) temperature, used when the request gives none; with
+    ``fixed_temperature`` a request asking for another one is refused (a training run samples at one temperature).
+    """
+    if not isinstance(body, dict):
+        raise RequestError("the request body must be a JSON object with 'messages'", None)
+    if body.get("stream"):
+        raise RequestError(
+            "stream=true is not supported: the gateway answers whole replies; send stream=false", "stream"
+        )
+    for name, (harmless, why) in _REFUSED.items():
+        value = body.get(name)
+        try:
+            ok = harmless(value)
+        except (TypeError, ValueError, AttributeError):
+            ok = False
+        if not ok:
+            raise RequestError(
+                f"{name}={value!r} is refused: {why}, and {_DIS}; leave {name} out of the request "
+                "(e.g. drop it from the harness's model kwargs)",
+                name,
+            )
+    return ChatRequest(
+        messages=_messages(body.get("messages")),
+        tools=_tools(body.get("tools")),
+        max_tokens=_max_tokens(body),
+        temperature=_temperature(body.get("temperature"), temperature, fixed_temperature),
+        stop=_stop(body.get("stop")),
+        parse_tool_calls=_tool_choice(body.get("tool_choice")) and bool(body.get("tools")),
+    )
+
+
+def _messages(value: Any) -> tuple[dict[str, Any], ...]:
+    if not isinstance(value, list) or not value:
+        raise RequestError("'messages' must be a non-empty list of {role, content} objects", "messages")
+    for i, m in enumerate(value):
+        if not isinstance(m, dict) or m.get("role") not in _ROLES:
+            role = m.get("role") if isinstance(m, dict) else m
+            raise RequestError(f"messages[{i}]: role {role!r} is not one of {list(_ROLES)}", "messages")
+        normal_message(m, i)  # content and tool calls readable
+    return tuple(value)
+
+
+def _tools(value: Any) -> tuple[dict[str, Any], ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(t, dict) for t in value):
+        raise RequestError("'tools' must be a list of {type: function, function: {...}} objects", "tools")
+    return tuple(value)
+
+
+def _tool_choice(value: Any) -> bool:
+    """Whether tool calls are parsed out of the reply; a choice the gateway cannot enforce is refused."""
+    if value in (None, "auto"):
+        return True
+    if value == "none":
+        return False
+    raise RequestError(
+        f"tool_choice={value!r} is refused: forcing a call needs constrained decoding, and {_DIS}; "
+        "use tool_choice 'auto' (or leave it out)",
+        "tool_choice",
+    )
+
+
+def _max_tokens(body: dict[str, Any]) -> int | None:
+    caps = []
+    for name in ("max_completion_tokens", "max_tokens"):
+        v = body.get(name)
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise RequestError(f"{name}={v!r} must be an integer >= 1", name)
+        caps.append(v)
+    return min(caps) if caps else None
+
+
+def _temperature(value: Any, run_temperature: float, fixed: bool) -> float:
+    if value is None:
+        return run_temperature
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        raise RequestError(f"temperature={value!r} must be a number >= 0", "temperature")
+    if fixed and float(value) != run_temperature:
+        raise RequestError(
+            f"temperature={value!r} differs from the run's temperature {run_temperature}: the learner recomputes "
+            f"logprobs at the run's temperature, so the DIS ratios would be wrong; send temperature "
+            f"{run_temperature} or leave it out",
+            "temperature",
+        )
+    return float(value)
+
+
+def _stop(value: Any) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    stops = [value] if isinstance(value, str) else value
+    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
+        raise RequestError(f"stop={value!r} must be a non-empty string or a list of them", "stop")
+    return tuple(stops)
+
+
+# ---- messages ----------------------------------------------------------------------------------------------------
+def content_text(content: Any, where: str) -> str:
+    """A message's content as text: a string, None (empty) or a list of text parts (joined by newlines)."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
+                raise RequestError(f"{where}: only text content parts are supported, got {str(part)[:80]}", "messages")
+            texts.append(part["text"])
+        return "\n".join(texts)
+    raise RequestError(f"{where}: 'content' must be a string, null or a list of text parts", "messages")
+
+
+def _canonical_arguments(args: Any) -> str:
+    """Tool call arguments as canonical JSON (parsed when a JSON string); unparseable text stays as it is."""
+    if isinstance(args, str):
+        text = args
+        try:
+            args = json.loads(text) if text.strip() else {}
+        except json.JSONDecodeError:
+            return text
+    return json.dumps(args, sort_keys=True)
+
+
+def normal_message(m: dict[str, Any], i: int = 0) -> tuple[str, str, tuple[tuple[str, str], ...]]:
+    """(role, text, tool calls as (name, canonical arguments)): what makes two messages the same turn."""
+    calls = []
+    for c in m.get("tool_calls") or []:
+        fn = c.get("function") if isinstance(c, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise RequestError(f"messages[{i}]: a tool call needs function.name, got {str(c)[:80]}", "messages")
+        calls.append((fn["name"], _canonical_arguments(fn.get("arguments", {}))))
+    return str(m["role"]), content_text(m.get("content"), f"messages[{i}]"), tuple(calls)
+
+
+def template_messages(
+    chat: ChatRenderer, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] = ()
+) -> list[dict[str, Any]]:
+    """The request's messages as the chat template takes them: assistant tool calls as the ``<tool_call>`` text the
+    policy writes, tool results in the renderer's tool role, and (for a template without tool support) the tool
+    schemas at the end of the system prompt, as ``sao.agent.conversation`` renders SFT data."""
+    out: list[dict[str, Any]] = []
+    for i, m in enumerate(messages):
+        role, text, _ = normal_message(m, i)
+        if role == "assistant":
+            try:
+                text = assistant_text({"content": text, "tool_calls": m.get("tool_calls")})
+            except ConversationError as e:
+                raise RequestError(f"messages[{i}]: {e}", "messages") from e
+            out.append({"role": "assistant", "content": text})
+        elif role == "tool":
+            out.append(chat.message("tool", text))
+        else:
+            out.append({"role": "system" if role == "developer" else role, "content": text})
+    if tools and not chat.native_tools:
+        schemas = tools_as_text(list(tools))
+        if out and out[0]["role"] == "system":
+            out[0] = {"role": "system", "content": out[0]["content"] + schemas}
+        else:
+            out.insert(0, {"role": "system", "content": schemas})
+    return out
+
+
+# ---- replies -----------------------------------------------------------------------------------------------------
+_BLOCK = re.compile(r"<tool_call>.*?</tool_call>", re.DOTALL)
+
+
+def split_tool_calls(text: str) -> tuple[str, list[dict[str, Any]]]:
+    """(content, OpenAI tool_calls) of the model's text: every closed ``<tool_call>`` block, parsed by the envs'
+    parser. If any block does not parse, nothing is a call: the whole text comes back as content, so the harness
+    shows the model its own malformed call."""
+    blocks = _BLOCK.findall(text)
+    calls = []
+    for block in blocks:
+        try:
+            call = parse_action(block)
+        except FormatError:
+            return text, []
+        calls.append(
+            {
+                "id": "call_" + uuid.uuid4().hex[:24],
+                "type": "function",
+                "function": {"name": call.name, "arguments": json.dumps(call.arguments)},
+            }
+        )
+    return (_BLOCK.sub("", text).strip(), calls) if calls else (text, [])
+
+
+def completion_body(
+    *, model: str, content: str, tool_calls: list[dict[str, Any]], finish_reason: str, prompt_tokens: int,
+    completion_tokens: int,
+) -> dict[str, Any]:  # fmt: skip
+    """An OpenAI ``chat.completion`` object with one choice and the token usage."""
+    message: dict[str, Any] = {"role": "assistant", "content": content if content or not tool_calls else None}
+    if tool_calls:
+        message["tool_calls"] = tool_calls
+    return {
+        "id": "chatcmpl-" + uuid.uuid4().hex,
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [{"index": 0, "message": message, "finish_reason": finish_reason, "logprobs": None}],
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        },
+    }
+
+
+def error_body(message: str, *, kind: str = "invalid_request_error", param: str | None = None) -> dict[str, Any]:
+    """An OpenAI error object (what the ``openai`` client reads into its exception's message)."""
+    return {"error": {"message": message, "type": kind, "param": param, "code": None}}
