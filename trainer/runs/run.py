@@ -28,7 +28,7 @@ from sao.envs.registration import preflight
 from sao.core.jsonl import append_jsonl
 from sao.trainer import distributed as dist_utils
 from sao.trainer.runs.commands import Command, Export, PushWeights, Save, Saved, Stop, Train
-from sao.trainer.config import Config, ConfigError, config_diff, load_config, save_config
+from sao.trainer.config import Config, ConfigError, load_config, resumed_config, save_config
 from sao.trainer.rollout.env_tasks import load_env_tasks
 from sao.trainer.learn.learner import Learner
 from sao.trainer.rollout.ledger import Ledger, replay
@@ -75,16 +75,7 @@ def prepare_run_dir(cfg: Config, resume: str | None) -> tuple[Config, Path, dict
         refuse_existing_run(run_dir, "train", "trajectories.jsonl")
         return cfg, run_dir, None
     run_dir = Path(resume)
-    saved_path = run_dir / "config.yaml"
-    if not saved_path.exists():
-        raise ConfigError(f"--resume {resume!r}: no config.yaml there; pass a RUN_DIR written by `sao train`")
-    saved = load_config(saved_path)
-    diff = config_diff(saved, cfg)
-    if diff:
-        raise ConfigError(
-            f"--resume {resume!r}: the config differs from the run's saved config in {diff}; resume with the "
-            f"saved config ({saved_path}) or start a new run.dir"
-        )
+    saved = resumed_config(cfg, resume)
     saved.run.total_steps = cfg.run.total_steps
     saved.run.dir = str(run_dir)
     return saved, run_dir, latest_state(run_dir)

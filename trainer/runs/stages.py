@@ -43,7 +43,7 @@ from sao.core.jsonl import write_json_atomic
 from sao.core.paths import resolve_model_path
 from sao.eval.scores import episode_scores, paired_difference, score_table
 from sao.trainer import distributed as dist_utils
-from sao.trainer.config import Config, ConfigError, save_config
+from sao.trainer.config import Config, ConfigError, resumed_config, save_config
 from sao.trainer.rollout.env_tasks import load_env_tasks
 from sao.trainer.rollout.rollout_stack import episode_runner
 from sao.trainer.runs.run_folder import latest_checkpoint
@@ -312,9 +312,10 @@ def run_stages(cfg: Config, resume: str | None, train: TrainFn) -> Path:
             f"run.dir {str(run_dir)!r} already holds a run; continue it with `sao train --resume {run_dir}` "
             "or set run.dir to a new directory"
         )
-    # On resume ``cfg`` is the run's saved config plus the command line's overrides (e.g. run.total_steps=30).
-    if resume is not None and not (run_dir / "config.yaml").exists():
-        raise ConfigError(f"--resume {resume!r}: no config.yaml there; pass a RUN_DIR written by `sao train`")
+    # On resume ``cfg`` is the run's saved config plus the command line's overrides (e.g. run.total_steps=30): the
+    # same check as a plain run, before config.yaml is rewritten, so a resume changes only what a resume may change.
+    if resume is not None:
+        resumed_config(cfg, resume)
     dist_utils.init_distributed()
     rank0 = dist_utils.rank() == 0
     if rank0:
