@@ -25,7 +25,8 @@ from typing import Any
 
 import yaml
 
-from sao.benchmarks.rl_bench_common import deep_update, load_yaml, print_table, write_json
+from sao.benchmarks.rl_bench_common import SPEC_HINT, print_table, write_json
+from sao.core.config import apply_overrides, load_yaml, merge
 
 SHARED_STAGES = ["collect", "sft", "eval"]
 ARM_STAGES = ["train", "eval"]
@@ -49,30 +50,14 @@ class ConfirmConfig:
     SFT checkpoint with seed N: RL seeds that share one SFT stage."""
 
 
-def _set_dotted(cfg: dict[str, Any], item: str) -> dict[str, Any]:
-    if "=" not in item:
-        raise ValueError(f"override {item!r}: write it as key=value, e.g. run.total_steps=1")
-    key, value = item.split("=", 1)
-    node: dict[str, Any] = {}
-    top = node
-    parts = key.strip().split(".")
-    for p in parts[:-1]:
-        node[p] = {}
-        node = node[p]
-    node[parts[-1]] = yaml.safe_load(value)
-    return deep_update(cfg, top)
-
-
 def build_configs(cc: ConfirmConfig) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
     """The shared run's config and each arm's, as plain dicts ready for `sao train`."""
-    spec = load_yaml(cc.config)
+    spec = load_yaml(cc.config, SPEC_HINT)
     base_path = Path(str(spec.get("base", "")))
     if not base_path.is_file():
         raise FileNotFoundError(f"{cc.config}: base {str(base_path)!r} not found; name a trainer config, e.g. "
                                 "configs/quickstart.yaml (paths are relative to the repository root)")  # fmt: skip
-    base = deep_update(load_yaml(base_path), spec.get("overrides") or {})
-    for item in cc.overrides:
-        base = _set_dotted(base, item)
+    base = apply_overrides(merge(load_yaml(base_path), spec.get("overrides") or {}), cc.overrides)
     arms_spec: dict[str, Any] = spec.get("arms") or {}
     if not arms_spec:
         raise ValueError(f"{cc.config}: no arms; list one, e.g. arms: {{sao: {{trainer: {{algorithm: sao}}}}}}")
@@ -80,12 +65,12 @@ def build_configs(cc: ConfirmConfig) -> tuple[dict[str, Any], dict[str, dict[str
     unknown = [a for a in names if a not in arms_spec]
     if unknown:
         raise ValueError(f"--arms: unknown {unknown}; the config has {list(arms_spec)}")
-    shared = deep_update(base, {"stages": SHARED_STAGES, "run": {"dir": str(cc.out / "shared")}})
+    shared = merge(base, {"stages": SHARED_STAGES, "run": {"dir": str(cc.out / "shared")}})
     sft_actor = cc.out / "shared" / f"{SHARED_STAGES.index('sft'):02d}_sft" / "final" / "actor"
     if cc.from_run is not None:
         given = _finished_run_config(cc.from_run)
         if not _sets_seed(cc.overrides):  # the arms train with the run's seed unless `--set run.seed=N` says
-            base = deep_update(base, {"run": {"seed": given["run"]["seed"]}})
+            base = merge(base, {"run": {"seed": given["run"]["seed"]}})
         for key in ("n", "seed", "temperature"):
             mine, theirs = given["eval"].get(key), base["eval"].get(key)
             if mine != theirs:
@@ -93,11 +78,11 @@ def build_configs(cc: ConfirmConfig) -> tuple[dict[str, Any], dict[str, dict[str
                     f"--from-run {cc.from_run}: its eval.{key} is {mine!r}, the arms' {theirs!r}; the arms must be "
                     "evaluated on the same held-out tasks"
                 )
-        shared = deep_update(base, {"stages": SHARED_STAGES, "run": {"dir": str(cc.from_run)}})
+        shared = merge(base, {"stages": SHARED_STAGES, "run": {"dir": str(cc.from_run)}})
         sft_actor = _stage_dir(cc.from_run, "sft") / "final" / "actor"
     arms = {
-        name: deep_update(
-            deep_update(base, {"stages": ARM_STAGES, **(arms_spec[name] or {})}),
+        name: merge(
+            merge(base, {"stages": ARM_STAGES, **(arms_spec[name] or {})}),
             {"model": {"path": str(sft_actor)}, "run": {"dir": str(cc.out / "arms" / name)}},
         )
         for name in names

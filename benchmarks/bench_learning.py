@@ -26,11 +26,10 @@ from pathlib import Path
 from typing import Any
 
 from sao.benchmarks.rl_bench_common import (
+    SPEC_HINT,
     bench_run_config,
-    deep_update,
     env_texts,
     finite_mean,
-    load_yaml,
     map_in_workers,
     mean_std,
     print_table,
@@ -43,6 +42,7 @@ from sao.benchmarks.rl_bench_common import (
     word_tokenizer,
     write_json,
 )
+from sao.core.config import load_yaml, merge
 
 DEFAULT_CONFIG = Path("configs/bench/learning.yaml")
 DYNAMICS = ("explained_variance", "critic_grad_norm", "mask_frac_low", "mask_frac_high", "policy_lag_mean")
@@ -184,7 +184,7 @@ def run_config(
     skip = ("label", "claim", "threshold", "family", "variants", "post_shift_steps")
     task_spec = {k: v for k, v in spec["tasks"][task].items() if k not in skip}
     var_spec = {k: v for k, v in spec["variants"][variant].items() if k != "label"}
-    cfg = bench_run_config(deep_update(spec.get("base", {}), task_spec), var_spec, seed, steps, tokenizer, vocab)
+    cfg = bench_run_config(merge(spec.get("base", {}), task_spec), var_spec, seed, steps, tokenizer, vocab)
     if model_path is not None:
         cfg["model"]["path"] = model_path
     env = cfg.setdefault("env", {})
@@ -332,7 +332,7 @@ def _plan(
         family = spec.get("families", {}).get(fam_name, {})
         if fam_name not in toks:
             toks[fam_name] = make_tokenizer(family, lc.out / "families" / fam_name / "tokenizer")
-        base_steps = int(deep_update(spec.get("base", {}), task_spec).get("run", {}).get("total_steps", 30))
+        base_steps = int(merge(spec.get("base", {}), task_spec).get("run", {}).get("total_steps", 30))
         steps = max(1, math.ceil((lc.steps or base_steps) * lc.scale))
         for variant in task_variants(spec, task, lc.variants):
             for seed in lc.seeds:
@@ -414,7 +414,7 @@ def _task_entry(
 def run(lc: LearningConfig, echo: Callable[[str], None] = print) -> dict[str, Any]:
     """Every (task, variant, seed) run, the table, JSON + PNGs; returns the JSON document. With ``lc.jobs`` > 1
     the warm starts, then the runs, go to that many worker processes (one torch thread each)."""
-    spec = deep_update(load_yaml(lc.config), lc.overrides)
+    spec = merge(load_yaml(lc.config, SPEC_HINT), lc.overrides)
     task_names = lc.tasks or tuple(spec.get("tasks", {}))
     _check_selection(lc, spec, task_names)
     tiny_model_threads(1)

@@ -25,11 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from sao.benchmarks.rl_bench_common import (
+    SPEC_HINT,
     bench_run_config,
-    deep_update,
     env_texts,
     finite_mean,
-    load_yaml,
     map_in_workers,
     print_table,
     register_bench_algorithms,
@@ -40,6 +39,7 @@ from sao.benchmarks.rl_bench_common import (
     word_tokenizer,
     write_json,
 )
+from sao.core.config import load_yaml, merge
 
 DEFAULT_CONFIG = Path("configs/bench/stability.yaml")
 CURVE_KEYS = (
@@ -210,7 +210,7 @@ def run(sc: StabilityConfig, echo: Callable[[str], None] = print) -> dict[str, A
     """Every (variant, seed) run not already finished, then the summary table, JSON and plot. With ``sc.jobs``
     > 1 the warm starts, then the runs, go to that many worker processes (one torch thread each, output in
     ``runs/<run>.log``), with one progress line a minute."""
-    spec = deep_update(load_yaml(sc.config), sc.overrides)
+    spec = merge(load_yaml(sc.config, SPEC_HINT), sc.overrides)
     known = spec.get("variants", {})
     variants = sc.variants or tuple(spec.get("default_variants") or known)
     bad = [v for v in variants if v not in known]

@@ -38,14 +38,14 @@ from typing import Any
 
 from sao.benchmarks import throughput_probe
 from sao.benchmarks.rl_bench_common import (
-    deep_update,
+    SPEC_HINT,
     env_texts,
-    load_yaml,
     print_table,
     train_run,
     word_tokenizer,
     write_json,
 )
+from sao.core.config import load_yaml, merge
 from sao.trainer.algos.registry import get_algorithm
 
 DEFAULT_CONFIG = Path("configs/bench/throughput.yaml")
@@ -147,7 +147,7 @@ def variant_configs(
     bc: ThroughputConfig, spec: dict[str, Any], tokenizer: Path | None, vocab: int | None
 ) -> dict[str, Any]:
     """The full trainer config of each selected variant (``tokenizer``/``vocab``: the latency env's, else None)."""
-    base = deep_update(spec.get("base", {}), bc.overrides)
+    base = merge(spec.get("base", {}), bc.overrides)
     if tokenizer is not None and vocab is not None:
         lat = base.setdefault("env", {}).setdefault("kwargs", {})
         if bc.latency_median_s is not None:
@@ -167,7 +167,7 @@ def variant_configs(
     out: dict[str, Any] = {}
     for name in names:
         v = {k: val for k, val in variants[name].items() if k not in BENCH_KEYS}
-        cfg = _scaled(deep_update(base, v), bc.scale)
+        cfg = _scaled(merge(base, v), bc.scale)
         run = cfg.setdefault("run", {})
         steps = bc.steps if bc.steps is not None else int(run.get("total_steps", 30))
         run["total_steps"] = max(1, math.ceil(steps * bc.scale))
@@ -410,7 +410,7 @@ def run(bc: ThroughputConfig, echo: Callable[[str], None] = print) -> dict[str, 
     """Run every variant, print the table, write JSON + PNG; returns the JSON document."""
     import sao.benchmarks.latency_env  # noqa: F401 - registers sao/Latency-v0 for the runs below
 
-    spec = load_yaml(bc.config)
+    spec = load_yaml(bc.config, SPEC_HINT)
     bc.out.mkdir(parents=True, exist_ok=True)
     latency = uses_latency_env(spec)
     tokenizer, vocab = make_tokenizer(spec, bc.out) if latency else (None, None)

@@ -9,7 +9,6 @@ second while every other part (agent, engine, coordinator, DeepSpeed learner, we
 
 from __future__ import annotations
 
-import copy
 import json
 import math
 import shutil
@@ -20,10 +19,13 @@ from typing import Any
 
 import yaml
 
+from sao.core.config import merge
+
 CHATML_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
+SPEC_HINT = "pass --config with a file from configs/bench/"
 SPECIAL = ("<pad>", "<unk>", "<|im_start|>", "<|im_end|>")
 
 
@@ -91,7 +93,7 @@ def bench_run_config(
 ) -> dict[str, Any]:
     """A bench run's trainer config: ``base`` updated by ``extra``, with the seed, the step budget and the bench's
     word-level tokenizer and vocabulary size filled in."""
-    cfg = deep_update(base, extra)
+    cfg = merge(base, extra)
     cfg.setdefault("run", {}).update(seed=seed, total_steps=steps)
     model = cfg.setdefault("model", {})
     model["tokenizer"] = str(tokenizer)
@@ -114,26 +116,6 @@ def finite_mean(xs: list[float]) -> float:
     return sum(vals) / len(vals) if vals else float("nan")
 
 
-def deep_update(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
-    """A copy of ``base`` with ``extra`` merged in recursively (mappings merge, other values replace)."""
-    out = copy.deepcopy(base)
-    for key, value in extra.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = deep_update(out[key], value)
-        else:
-            out[key] = copy.deepcopy(value)
-    return out
-
-
-def load_yaml(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        raise FileNotFoundError(f"benchmark config {path} not found; pass --config with a file from configs/bench/")
-    data = yaml.safe_load(path.read_text()) or {}
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: the top level must be a mapping")
-    return data
-
-
 def train_run(cfg: dict[str, Any], run_dir: Path) -> tuple[list[dict[str, Any]], float]:
     """Train one config with the real trainer (``trainer.runs.run.train``) in this process; returns its metrics rows
     and the wall-clock seconds of the whole call. A previous run in ``run_dir`` is replaced (the benchmark owns
@@ -144,7 +126,7 @@ def train_run(cfg: dict[str, Any], run_dir: Path) -> tuple[list[dict[str, Any]],
     if run_dir.exists():
         shutil.rmtree(run_dir)
     run_dir.parent.mkdir(parents=True, exist_ok=True)
-    cfg = deep_update(cfg, {"run": {"dir": str(run_dir)}})
+    cfg = merge(cfg, {"run": {"dir": str(run_dir)}})
     cfg_path = run_dir.with_name(run_dir.name + ".yaml")
     cfg_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     t0 = time.perf_counter()
@@ -276,7 +258,7 @@ def warm_start(cfg: dict[str, Any], spec: dict[str, Any], out_dir: Path) -> Path
     )
     if n == 0:
         raise ValueError(f"warm_start: the oracle demonstrated none of {spec.get('episodes')} episodes; check demo")
-    sft_cfg = deep_update(
+    sft_cfg = merge(
         {k: v for k, v in cfg.items() if k in ("model", "deepspeed", "env")},
         {
             "run": {"dir": str(out_dir), "seed": seed, "plot": False, "progress": False, "tensorboard": False,

@@ -9,25 +9,18 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import fields
 from typing import Any, Protocol
 
+from sao.core.config import build
 from sao.sandboxes.backend import make_sandbox
 from sao.sandboxes.config import PoolConfig, SandboxConfig
 from sao.sandboxes.protocols import Sandbox
 
 
 def sandbox_config_from_dict(data: Mapping[str, Any]) -> SandboxConfig:
-    """``SandboxConfig`` from a YAML mapping; an unknown key is a ValueError naming it and the known keys."""
-    known = {f.name for f in fields(SandboxConfig)}
-    unknown = sorted(set(data) - known)
-    if unknown:
-        raise ValueError(f"sandbox: unknown key(s) {unknown}; known keys: {sorted(known)}")
-    kwargs = dict(data)
-    for key in ("shell", "cap_add", "bwrap_ro_binds"):
-        if key in kwargs and isinstance(kwargs[key], list):
-            kwargs[key] = tuple(kwargs[key])
-    return SandboxConfig(**kwargs)
+    """``SandboxConfig`` from a YAML mapping (``sao.core.config.build``): a wrong type or an unknown key is a
+    ``ConfigError`` (a ValueError) naming it and the nearest valid key."""
+    return build(SandboxConfig, data, prefix="sandbox")
 
 
 class SandboxProvider(Protocol):

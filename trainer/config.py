@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -13,6 +11,8 @@ from typing import Any
 import yaml
 
 from sao.agent.engines.registry import WEIGHT_SYNC_KINDS, engine_spec, engines, trainable_engines
+from sao.core.config import ConfigError as ConfigError  # the trainer's modules raise it from here
+from sao.core.config import apply_overrides, build, load_yaml
 from sao.trainer.algos.registry import (
     AlgorithmSpec,
     advantage_names,
@@ -25,10 +25,6 @@ from sao.trainer.algos.registry import (
 
 # The DIS bands of the paper as its public ports report them: (eps_low, eps_high), the band (1 - lo, 1 + hi).
 DIS_BANDS: dict[str, tuple[float, float]] = {"reasoning": (0.3, 5.0), "coding": (0.8, 3.0)}
-
-
-class ConfigError(ValueError):
-    """A config field is wrong; the message names the field and how to fix it."""
 
 
 @dataclass
@@ -665,116 +661,19 @@ def _cluster_checks(cfg: Config) -> list[tuple[bool, str]]:
     return out
 
 
-def _field_types(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
-
-
-def _coerce(value: Any, tp: Any, where: str) -> Any:
-    """Check/convert a YAML value to the annotated type; raise ConfigError naming ``where``."""
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        args = typing.get_args(tp)
-        if value is None and type(None) in args:
-            return None
-        inner = [a for a in args if a is not type(None)]
-        return _coerce(value, inner[0], where)
-    if dataclasses.is_dataclass(tp):
-        if not isinstance(value, dict):
-            raise ConfigError(f"{where}: expected a mapping of fields, got {value!r}")
-        return _build(tp, value, where)  # type: ignore[arg-type]
-    if origin is list:
-        if not isinstance(value, list):
-            raise ConfigError(f"{where}: expected a list, got {value!r}")
-        return list(value)
-    if origin is dict:
-        if not isinstance(value, dict):
-            raise ConfigError(f"{where}: expected a mapping, got {value!r}")
-        return dict(value)
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        raise ConfigError(f"{where}: expected true or false, got {value!r}")
-    if tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        raise ConfigError(f"{where}: expected an integer, got {value!r}")
-    if tp is float:
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):
-            try:
-                return float(value)  # YAML reads "1e-5" as a string
-            except ValueError:
-                pass
-        raise ConfigError(f"{where}: expected a number, got {value!r}")
-    if tp is str:
-        if isinstance(value, str | int | float) and not isinstance(value, bool):
-            return str(value)
-        raise ConfigError(f"{where}: expected a string, got {value!r}")
-    return value
-
-
 _ALIASES = {"trainer.lambda": "trainer.lam", "trainer.K": "trainer.critic_updates_per_step"}
 
 
-def _build(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
-    hints = _field_types(cls)
-    kwargs: dict[str, Any] = {}
-    for key, value in data.items():
-        dotted = f"{prefix}.{key}" if prefix else str(key)
-        dotted = _ALIASES.get(dotted, dotted)
-        name = dotted.rsplit(".", 1)[-1]
-        if name not in hints:
-            close = difflib.get_close_matches(str(key), list(hints), n=1)
-            hint = f"; did you mean {prefix + '.' if prefix else ''}{close[0]}?" if close else ""
-            raise ConfigError(f"unknown config key {dotted!r}{hint} (valid keys here: {sorted(hints)})")
-        kwargs[name] = _coerce(value, hints[name], dotted)
-    return cls(**kwargs)
-
-
-def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
-    parts = dotted.split(".")
-    node = tree
-    for p in parts[:-1]:
-        child = node.setdefault(p, {})
-        if not isinstance(child, dict):
-            raise ConfigError(f"override {dotted!r}: {p!r} is not a section")
-        node = child
-    node[parts[-1]] = value
-
-
-def parse_overrides(overrides: list[str]) -> list[tuple[str, Any]]:
-    """``["trainer.lr=1e-5", ...]`` -> ``[("trainer.lr", 1e-05), ...]`` (values parsed as YAML scalars)."""
-    out = []
-    for item in overrides:
-        if "=" not in item:
-            raise ConfigError(f"override {item!r}: expected key=value, e.g. trainer.critic_updates_per_step=2")
-        key, raw = item.split("=", 1)
-        out.append((key.strip(), yaml.safe_load(raw) if raw.strip() else None))
-    return out
-
-
 def config_from_dict(data: dict[str, Any], overrides: list[str] | None = None) -> Config:
-    data = dict(data or {})
-    for key, value in parse_overrides(overrides or []):
-        _set_dotted(data, key, value)
-    cfg: Config = _build(Config, data)
+    """The validated config of a mapping of sections with dotted ``key=value`` overrides applied."""
+    cfg = build(Config, apply_overrides(data or {}, overrides or []), aliases=_ALIASES)
     cfg.validate()
     return cfg
 
 
 def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
     """Load a YAML config file, apply dotted ``key=value`` overrides, validate."""
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"config file {str(p)!r} not found; pass a YAML file such as configs/toy.yaml")
-    try:
-        data = yaml.safe_load(p.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{p}: not valid YAML ({e})") from e
-    if not isinstance(data, dict):
-        raise ConfigError(f"{p}: the top level must be a mapping of sections (run, model, trainer, ...)")
-    return config_from_dict(data, overrides)
+    return config_from_dict(load_yaml(path), overrides)
 
 
 def save_config(cfg: Config, path: str | Path) -> None:
@@ -810,22 +709,3 @@ def config_diff(a: Config, b: Config) -> list[str]:
 
     fa, fb = flat(a.to_dict()), flat(b.to_dict())
     return sorted(k for k in fa.keys() | fb.keys() if fa.get(k) != fb.get(k) and k not in RESUME_MUTABLE)
-
-
-def resumed_config(cfg: Config, resume: str | Path) -> Config:
-    """The saved config of the run in ``resume``, after checking that ``cfg`` (the config this resume was given:
-    the saved one plus the command line's overrides, or another file) changes only what a resume may change
-    (``RESUME_MUTABLE``); any other difference is refused naming its fields, so one run never mixes two configs.
-    Plain and staged runs both resume through here."""
-    saved_path = Path(resume) / "config.yaml"
-    if not saved_path.exists():
-        raise ConfigError(f"--resume {str(resume)!r}: no config.yaml there; pass a RUN_DIR written by `sao train`")
-    saved = load_config(saved_path)
-    diff = config_diff(saved, cfg)
-    if diff:
-        raise ConfigError(
-            f"--resume {str(resume)!r}: the config differs from the run's saved config in {diff}; resume with the "
-            f"saved config ({saved_path}) or start a new run.dir. A resume may change only "
-            f"{', '.join(sorted(RESUME_MUTABLE))}"
-        )
-    return saved

@@ -19,7 +19,8 @@ from sao.benchmarks.bench_learning import (
     summarize_runs,
     task_variants,
 )
-from sao.benchmarks.rl_bench_common import deep_update, load_yaml, mean_std
+from sao.benchmarks.rl_bench_common import mean_std
+from sao.core.config import load_yaml, merge
 
 ROOT = Path(__file__).resolve().parents[3]
 SPEC = ROOT / "configs/bench/learning.yaml"
@@ -96,7 +97,7 @@ def test_every_shipped_run_config_is_a_valid_trainer_config(tmp_path: Path) -> N
 
 
 def test_grouped_batches_are_rounded_to_whole_groups(tmp_path: Path) -> None:
-    spec = deep_update(load_yaml(SPEC), {"base": {"trainer": {"batch_size": 10}}})
+    spec = merge(load_yaml(SPEC), {"base": {"trainer": {"batch_size": 10}}})
     assert run_config(spec, "main", "grpo", 0, 5, tmp_path, 64)["trainer"]["batch_size"] == 8
     assert run_config(spec, "main", "grpo_dis", 0, 5, tmp_path, 64)["trainer"]["batch_size"] == 8
     assert run_config(spec, "main", "sao", 0, 5, tmp_path, 64)["trainer"]["batch_size"] == 10

@@ -16,7 +16,7 @@ from sao.benchmarks.bench_stability import (
     smoothed,
     stability_summary,
 )
-from sao.benchmarks.rl_bench_common import load_yaml
+from sao.core.config import load_yaml
 
 ROOT = Path(__file__).resolve().parents[3]
 SPEC = ROOT / "configs/bench/stability.yaml"

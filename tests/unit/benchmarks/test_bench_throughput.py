@@ -12,7 +12,8 @@ from gymnasium.utils.env_checker import check_env
 
 from sao.benchmarks.bench_throughput import ThroughputConfig, _scaled, summarize, variant_configs
 from sao.benchmarks.latency_env import ENV_ID, LatencyEnv, lognormal_stats
-from sao.benchmarks.rl_bench_common import build_word_tokenizer, env_texts, load_yaml
+from sao.benchmarks.rl_bench_common import build_word_tokenizer, env_texts
+from sao.core.config import load_yaml
 
 ROOT = Path(__file__).resolve().parents[3]
 

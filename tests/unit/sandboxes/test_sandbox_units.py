@@ -121,8 +121,10 @@ def test_pool_config_and_from_dict() -> None:
         PoolConfig(max_concurrency=0)
     cfg = sandbox_config_from_dict({"backend": "bwrap", "mem_limit": "1g", "shell": ["sh", "-c"]})
     assert cfg.mem_bytes == 1 << 30 and cfg.shell == ("sh", "-c")
-    with pytest.raises(ValueError, match=r"unknown key\(s\) \['memory'\]"):
+    with pytest.raises(ValueError, match=r"unknown config key 'sandbox.memory' \(valid keys here: \['backend'"):
         sandbox_config_from_dict({"memory": "1g"})
+    with pytest.raises(ValueError, match=r"unknown config key 'sandbox.mem_limt'; did you mean sandbox.mem_limit\?"):
+        sandbox_config_from_dict({"mem_limt": "1g"})
 
 
 def test_content_hash_follows_inputs(tmp_path: Path) -> None:

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from sao.trainer.config import ConfigError, config_diff, config_from_dict, load_config, parse_overrides, save_config
+from sao.core.config import parse_overrides
+from sao.trainer.config import ConfigError, config_diff, config_from_dict, load_config, save_config
 
 CONFIGS = Path(__file__).resolve().parents[3] / "configs"
 
