@@ -149,12 +149,13 @@ class Trajectory:
 
 
 def write_jsonl(path: str | Path, trajectories: Iterable[Trajectory], append: bool = True) -> None:
-    """Append trajectories to a JSONL file (``append=False``: replace it), flushed and fsynced so a crash loses
-    nothing already written."""
-    from sao.core.jsonl import append_jsonl
+    """Append trajectories to a JSONL file, fsynced so a crash loses nothing already written (a line a crash tore
+    is set aside first, ``sao.core.jsonl``); ``append=False`` replaces the file atomically."""
+    from sao.core.jsonl import append_jsonl, write_text_durably
 
     if not append:
-        Path(path).write_text("", encoding="utf-8")
+        write_text_durably(path, "".join(t.to_json() + "\n" for t in trajectories))
+        return
     append_jsonl(path, (t.to_dict() for t in trajectories))
 
 

@@ -7,7 +7,6 @@ Segments become a list of structs (nullable ``logprobs``/``policy_version``/``re
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,7 @@ from typing import Any
 import datasets
 
 from sao.agent.records import Segment, Trajectory
+from sao.core.jsonl import atomic_path
 
 FEATURES = datasets.Features(
     {
@@ -87,12 +87,8 @@ def write_parquet(path: str | Path, trajectories: Iterable[Trajectory]) -> None:
     """Write trajectories to one parquet file, atomically: a crash leaves the old file or the new one."""
     import pyarrow.parquet as pq
 
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    pq.write_table(to_dataset(trajectories).data.table, str(tmp))
-    with open(tmp, "rb") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        pq.write_table(to_dataset(trajectories).data.table, str(tmp))
 
 
 def read_parquet(path: str | Path) -> list[Trajectory]:

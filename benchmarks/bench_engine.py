@@ -10,12 +10,13 @@ summed over episodes. Writes ``bench_engine.json`` and ``bench_engine.png`` to `
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from sao.core.jsonl import write_json_atomic
 
 PROMPTS = [
     "Name three colors.",
@@ -153,9 +154,7 @@ async def _run(cfg: EngineBenchConfig, echo: Any) -> Report:
 
 
 def _save(report: Report, out: Path) -> None:
-    tmp = out / "bench_engine.json.tmp"
-    tmp.write_text(json.dumps(asdict(report), indent=2))
-    tmp.replace(out / "bench_engine.json")
+    write_json_atomic(out / "bench_engine.json", asdict(report), indent=2)
 
 
 def _cfg_dict(cfg: EngineBenchConfig) -> dict[str, Any]:

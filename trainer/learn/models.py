@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import copy
-import json
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
+from sao.core.jsonl import write_json_atomic
 from sao.core.paths import resolve_model_path  # aliases (smollm2) shared with eval
 from sao.trainer.config import Config, ConfigError
 
@@ -118,7 +118,7 @@ class ValueModel(nn.Module):
         self.backbone.save_pretrained(out, state_dict=backbone_sd, safe_serialization=True)  # type: ignore[operator]
         head = {k[len("value_head.") :]: v.contiguous() for k, v in sd.items() if k.startswith("value_head.")}
         save_file(head, str(out / VALUE_HEAD_FILE))
-        (out / CRITIC_MARKER).write_text(json.dumps({"format": "sao-critic-v1"}))
+        write_json_atomic(out / CRITIC_MARKER, {"format": "sao-critic-v1"}, indent=None)  # last: marks it whole
 
 
 def _backbone_of(lm: nn.Module) -> nn.Module:

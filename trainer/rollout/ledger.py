@@ -72,7 +72,7 @@ class Accounting:
 
 def replay(path: str | Path) -> tuple[Accounting, dict[str, dict[str, Any]]]:
     """Replay trajectories.jsonl; returns the accounting and the pending trajectory records by uid (in order).
-    A torn last line (a kill mid-write) is ignored."""
+    A torn last line (a kill mid-write) is ignored; the ledger's next append sets it aside (``sao.core.jsonl``)."""
     acc = Accounting()
     records: dict[str, dict[str, Any]] = {}
     events: list[tuple[str, str, int]] = []  # (uid, event, step)

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
 from typing import Any
 
-from sao.core.jsonl import append_jsonl, iter_jsonl
+from sao.core.jsonl import append_jsonl, iter_jsonl, write_text_durably
 
 # The curves `sao plot` draws, in this order (missing keys are skipped).
 PLOT_KEYS = (
@@ -64,9 +63,7 @@ class MetricsWriter:
         if not self.path.exists():
             return
         keep = [r for _, r in iter_jsonl(self.path, torn_tail_ok=True) if 1 <= (_step_of(r) or 0) <= step]
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in keep))
-        os.replace(tmp, self.path)
+        write_text_durably(self.path, "".join(json.dumps(r) + "\n" for r in keep))
 
     def write(self, step: int, metrics: dict[str, Any]) -> None:
         rec = {"step": step, **{k: _clean(v) for k, v in metrics.items()}}

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import json
 import random
 import shutil
 import signal
@@ -24,18 +23,18 @@ import torch
 
 from sao.agent.engines.protocols import EngineError
 from sao.agent.engines.registry import InProcessArgs, ServeArgs, engine_spec
+from sao.core.jsonl import append_jsonl, write_json_atomic
 from sao.envs.registration import preflight
-from sao.core.jsonl import append_jsonl
 from sao.trainer import distributed as dist_utils
-from sao.trainer.runs.commands import Command, Export, PushWeights, Save, Saved, Stop, Train
 from sao.trainer.config import Config, ConfigError, load_config, resumed_config, save_config
-from sao.trainer.rollout.env_tasks import load_env_tasks
 from sao.trainer.learn.learner import Learner
+from sao.trainer.rollout.env_tasks import load_env_tasks
 from sao.trainer.rollout.ledger import Ledger, replay
-from sao.trainer.runs.metrics import MetricsWriter, plot_run
 from sao.trainer.rollout.pipeline import Coordinator, Item, TaskSource
-from sao.trainer.runs.progress import TrainProgress
 from sao.trainer.rollout.rollout_stack import episode_runner
+from sao.trainer.runs.commands import Command, Export, PushWeights, Save, Saved, Stop, Train
+from sao.trainer.runs.metrics import MetricsWriter, plot_run
+from sao.trainer.runs.progress import TrainProgress
 from sao.trainer.runs.run_folder import (
     checkpoint_paths,
     commit_checkpoint,
@@ -193,7 +192,7 @@ class Trainer:
             out[name] = h.hexdigest()
         d = run_dir / "param_digest"
         d.mkdir(parents=True, exist_ok=True)
-        (d / f"rank{dist_utils.rank()}.json").write_text(json.dumps(out))
+        write_json_atomic(d / f"rank{dist_utils.rank()}.json", out, indent=None)
 
     def follow(self) -> None:
         """Ranks > 0: execute rank 0's commands until it says stop."""

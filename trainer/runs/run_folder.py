@@ -1,5 +1,5 @@
-"""The one owner of a run folder: refuse to overwrite a run, write JSON and text durably, write a checkpoint the
-power-cut-safe way (a hidden partial folder, fsynced, renamed, then ``latest``), and find the latest one.
+"""The one owner of a run folder: refuse to overwrite a run, write a checkpoint the power-cut-safe way (a hidden
+partial folder, fsynced, renamed, then ``latest``), and find the latest one.
 
 Used by ``sao train`` (``sao.trainer.runs.run``), ``sao sft`` (``sao.trainer.sft.run``) and staged runs
 (``sao.trainer.runs.stages``); atomic text and JSON writes live in ``sao.core.jsonl``, the one durable writer.
@@ -13,8 +13,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from sao.core.jsonl import fsync_dir as _fsync_dir
-from sao.core.jsonl import write_text_durably
+from sao.core.jsonl import fsync_tree, write_json_atomic, write_text_durably
 from sao.trainer.config import ConfigError
 
 STATE_FILE = "trainer_state.json"
@@ -32,12 +31,6 @@ def refuse_existing_run(run_dir: Path, command: str, *markers: str) -> None:
             )
 
 
-def fsync_tree(root: Path) -> None:
-    """fsync every file and folder under ``root`` and ``root`` itself (a checkpoint survives a power cut)."""
-    for p in [*sorted(root.rglob("*"), reverse=True), root]:
-        _fsync_dir(p)
-
-
 def checkpoint_paths(run_dir: Path, step: int) -> tuple[Path, Path]:
     """``(checkpoints/step_N, checkpoints/.step_N.partial)``; the partial folder is emptied for the writers."""
     ckpts = run_dir / "checkpoints"
@@ -53,18 +46,11 @@ def commit_checkpoint(partial: Path, ckpt: Path, state: dict[str, Any], keep: in
     ``OSError`` (disk full, ...) leaves the previous checkpoint the latest; the caller drops ``partial``."""
     ckpts = ckpt.parent
     marker = ckpts / "latest"
-    try:
-        with open(partial / STATE_FILE, "w", encoding="utf-8") as f:
-            f.write(json.dumps(state, default=_json_default))
-            f.flush()
-            os.fsync(f.fileno())
-        fsync_tree(partial)
-        shutil.rmtree(ckpt, ignore_errors=True)
-        os.replace(partial, ckpt)
-        write_text_durably(marker, ckpt.name)
-    except OSError:
-        marker.with_name(marker.name + ".tmp").unlink(missing_ok=True)
-        raise
+    write_json_atomic(partial / STATE_FILE, state, indent=None, default=_json_default)
+    fsync_tree(partial)
+    shutil.rmtree(ckpt, ignore_errors=True)
+    os.replace(partial, ckpt)
+    write_text_durably(marker, ckpt.name)
     done = sorted(p for p in ckpts.glob("step_*") if (p / STATE_FILE).exists())
     for old in done[:-keep]:
         shutil.rmtree(old, ignore_errors=True)

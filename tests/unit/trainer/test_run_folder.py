@@ -42,7 +42,8 @@ def test_a_checkpoint_is_fsynced_renamed_and_becomes_latest(tmp_path: Path, monk
     assert (tmp_path / "checkpoints" / "latest").read_text() == "step_000003"
     # the weights, the state file and the folder were fsynced before the rename, the marker after it
     assert any(p.endswith("/weights.bin") for p in synced) and any(p.endswith(STATE_FILE) for p in synced)
-    assert any(p.endswith("latest.tmp") for p in synced)
+    assert any("/.latest." in p and p.endswith(".tmp") for p in synced)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["latest", "step_000003"]
     state = latest_state(tmp_path)
     assert state is not None and state["step"] == 3 and state["_dir"] == str(ckpt)
 
@@ -69,6 +70,7 @@ def test_a_failed_write_leaves_the_previous_checkpoint_latest(tmp_path: Path, mo
     with pytest.raises(OSError, match="No space"):
         commit_checkpoint(partial, ckpt, {"step": 2}, keep=2)
     assert latest_checkpoint(tmp_path) == tmp_path / "checkpoints" / "step_000001"
+    assert not list((tmp_path / "checkpoints").glob("*.tmp"))
 
 
 def test_an_incomplete_latest_falls_back_to_the_newest_complete_checkpoint(tmp_path: Path) -> None:
