@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 
 from sao.core.config import merge
+from sao.core.jsonl import write_json_atomic
 
 CHATML_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
@@ -147,7 +148,7 @@ def mean_std(xs: list[float]) -> tuple[float, float]:
 
 def write_json(path: Path, data: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    write_json_atomic(path, data, indent=2)
 
 
 def print_table(headers: list[str], rows: list[list[str]], echo: Callable[[str], None] = print) -> None:

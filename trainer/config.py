@@ -8,11 +8,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from sao.agent.engines.registry import WEIGHT_SYNC_KINDS, engine_spec, engines, trainable_engines
 from sao.core.config import ConfigError as ConfigError  # the trainer's modules raise it from here
 from sao.core.config import apply_overrides, build, load_yaml
+from sao.core.jsonl import write_yaml_atomic
 from sao.trainer.algos.registry import (
     AlgorithmSpec,
     advantage_names,
@@ -677,7 +676,8 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
 
 
 def save_config(cfg: Config, path: str | Path) -> None:
-    Path(path).write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    """The resolved config as YAML, atomically (a kill while saving never leaves a run a torn ``config.yaml``)."""
+    write_yaml_atomic(path, cfg.to_dict())
 
 
 # Fields that may change between a run and its resume without changing what is being trained.

@@ -39,7 +39,7 @@ from sao.agent.engines.protocols import Engine
 from sao.agent.engines.registry import InProcessArgs, ServeArgs, engine_spec, make_demonstrator
 from sao.agent.records import Trajectory
 from sao.agent.rollout import episodes_of
-from sao.core.jsonl import write_json_atomic
+from sao.core.jsonl import write_json_atomic, write_text_durably
 from sao.core.paths import resolve_model_path
 from sao.eval.scores import episode_scores, paired_difference, score_table
 from sao.trainer import distributed as dist_utils
@@ -423,7 +423,7 @@ def _report(
         )
     table += _dynamics_text(every)
     text = f"# {run_dir.name}: stages {cfg.stages}\n\n{table}\n\nwall time {wall_s / 60:.1f} min\n"
-    (run_dir / "summary.md").write_text(text)
+    write_text_durably(run_dir / "summary.md", text)
     write_json_atomic(run_dir / "summary.json", {"evals": results, "stages": every, "wall_s": wall_s})
     print("\n" + table + f"\n\nstaged run finished in {wall_s / 60:.1f} min: {run_dir}/summary.md", flush=True)
     if cfg.run.plot and results:
