@@ -47,7 +47,8 @@ OnTrajectory = Callable[[Trajectory], Awaitable[None] | None] | asyncio.Queue[Tr
 class Episode:
     """One episode to play: ``task`` (a task record, or ``None`` for the env's own seeded draw), the reset
     ``seed``, and ``index`` (its position in the stream; also names the task when the record has no id).
-    ``task_id``: given, or else ``tid`` names it by ``task_id_of``."""
+    ``task_id``: given, or else ``tid`` names it by ``task_id_of``; for a task the env draws itself the env's own
+    id (``ResetInfo["task_id"]``) names the records, and ``tid`` only one that failed before the env said."""
 
     index: int
     task: Any = None
@@ -273,7 +274,8 @@ class EpisodeRunner:
         t0 = time.perf_counter()
         env: Any = None
         task_id = episode.tid
-        if episode.task_id is None:
+        if episode.task_id is None and episode.task is not None:
+            # a task record's id for the player; a task the env draws itself keeps the id the env gives it
             episode = dataclasses.replace(episode, task_id=task_id)
         try:
             env = self.env_factory()

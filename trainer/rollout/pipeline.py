@@ -66,15 +66,16 @@ class Counters:
 
 class TaskSource:
     """Task ``i`` -> (seed, reset options, task id by ``task_id_of``): a list of task records, or the env's own
-    seeded sampler."""
+    seeded sampler, whose task id is None: the env names the task it drew (``ResetInfo["task_id"]``) and that id
+    reaches every record (an episode that fails before the env said is named ``task-<index>``)."""
 
     def __init__(self, tasks: list[dict[str, Any]] | None, seed: int) -> None:
         self.tasks, self.seed = tasks, seed
 
-    def get(self, index: int) -> tuple[int, dict[str, Any] | None, str]:
+    def get(self, index: int) -> tuple[int, dict[str, Any] | None, str | None]:
         seed = self.seed * 1_000_003 + index
         if not self.tasks:
-            return seed, None, task_id_of(None, index)
+            return seed, None, None
         task = self.tasks[index % len(self.tasks)]
         return seed, {"task": task}, task_id_of(task, index)
 
@@ -197,16 +198,17 @@ class Coordinator:
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
-    async def _one(self, index: int, seed: int, options: dict[str, Any] | None, task_id: str) -> Trajectory:
+    async def _one(self, index: int, seed: int, options: dict[str, Any] | None, task_id: str | None) -> Trajectory:
         self.counters.episodes_started += 1
         task = None if options is None else options.get("task")
+        episode = Episode(index, task, seed, task_id)
         try:
-            return await self.runner.run_one(Episode(index, task, seed, task_id))
+            return await self.runner.run_one(episode)
         except Exception as e:  # the runner records episode failures itself; this guards a runner that raised
-            return infra_error_trajectory(task_id, "unknown", e)
+            return infra_error_trajectory(episode.tid, "unknown", e)
 
     async def _group(
-        self, index: int, seed: int, options: dict[str, Any] | None, task_id: str, n: int, start: int
+        self, index: int, seed: int, options: dict[str, Any] | None, task_id: str | None, n: int, start: int
     ) -> None:
         # Every member resets with the same seed and options: with the env's own sampler the seed picks the task,
         # so a different seed per member would give each member a different prompt (and no group baseline).
