@@ -65,6 +65,7 @@ import docker
 import docker.errors
 import requests
 
+from sao.core.retry import RetryError, poll_until
 from sao.sandboxes.config import SandboxConfig
 from sao.sandboxes.output import OutputCapper
 from sao.sandboxes.protocols import (
@@ -267,18 +268,15 @@ class DockerSandbox:
     def create_blocking(cls, cfg: SandboxConfig, labels: dict[str, str] | None = None) -> DockerSandbox:
         """Start the container. A daemon that answered this process before and is unreachable now (restarting)
         is waited for, up to ``cfg.daemon_wait_s``; one never reached fails at once (a setup error)."""
-        host = _host_key(cfg.docker_host)
-        deadline: float | None = None
-        while True:
-            try:
-                return cls._create_once(cfg, labels)
-            except SandboxUnavailableError as e:
-                if host not in _ANSWERED or cfg.daemon_wait_s <= 0:
-                    raise
-                deadline = deadline or time.monotonic() + cfg.daemon_wait_s
-                if time.monotonic() >= deadline:
-                    raise SandboxUnavailableError(f"{e} (waited {cfg.daemon_wait_s:g} s for it to come back)") from e
-                time.sleep(1.0)
+        host, wait_s = _host_key(cfg.docker_host), cfg.daemon_wait_s
+        back = poll_until(
+            wait_s, 1.0, lambda e: isinstance(e, SandboxUnavailableError) and host in _ANSWERED and wait_s > 0
+        )
+        try:
+            return back(cls._create_once, cfg, labels)
+        except RetryError as gone:
+            e = gone.last_attempt.exception()
+            raise SandboxUnavailableError(f"{e} (waited {wait_s:g} s for it to come back)") from e
 
     @classmethod
     def _create_once(cls, cfg: SandboxConfig, labels: dict[str, str] | None) -> DockerSandbox:

@@ -7,7 +7,6 @@ with it (``sao eval``). Tool calls are turned into the ``<tool_call>{json}</tool
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 from dataclasses import dataclass, field
@@ -16,6 +15,8 @@ from typing import Any
 import httpx
 
 from sao.agent.engines.protocols import EngineError, Generation, SamplingParams
+from sao.agent.engines.vllm_engine import TRANSIENT_HTTP_ERRORS
+from sao.core.retry import RetryError, TryAgain, backoff
 
 
 class NotTrainableError(TypeError):
@@ -87,25 +88,32 @@ class OpenAIChatModel:
         }
         if tools:
             body["tools"] = tools
-        last = ""
-        for attempt in range(self.max_retries + 1):
-            try:
-                resp = await self._client.post(self.base_url + "/chat/completions", json=body)
-            except (httpx.ConnectError, httpx.ReadError, httpx.RemoteProtocolError) as e:
-                last = f"{type(e).__name__}: {e}"
-            else:
-                if resp.status_code < 400:
-                    choice = resp.json()["choices"][0]
+        errors: list[str] = []
+        try:
+            async for attempt in backoff(self.max_retries + 1, 0.5):
+                with attempt:
+                    choice = (await self._post(body, errors)).json()["choices"][0]
                     msg = choice.get("message") or {}
                     return ChatReply(
                         str(msg.get("content") or ""), list(msg.get("tool_calls") or []), choice.get("finish_reason")
                     )
-                last = f"HTTP {resp.status_code}: {resp.text[:300]}"
-                if resp.status_code < 500 and resp.status_code != 429:
-                    raise EngineError(f"{self.base_url}/chat/completions rejected the request: {last}")
-            if attempt < self.max_retries:
-                await asyncio.sleep(0.5 * 2**attempt)
-        raise EngineError(f"{self.base_url}/chat/completions failed after {self.max_retries + 1} tries: {last}")
+        except RetryError:
+            pass
+        raise EngineError(f"{self.base_url}/chat/completions failed after {self.max_retries + 1} tries: {errors[-1]}")
+
+    async def _post(self, body: dict[str, Any], errors: list[str]) -> httpx.Response:
+        """One try: a connection error, a 5xx or a 429 joins ``errors`` and asks for another; other 4xx end it."""
+        try:
+            resp = await self._client.post(self.base_url + "/chat/completions", json=body)
+        except TRANSIENT_HTTP_ERRORS as e:
+            errors.append(f"{type(e).__name__}: {e}")
+            raise TryAgain from e
+        if resp.status_code < 400:
+            return resp
+        errors.append(f"HTTP {resp.status_code}: {resp.text[:300]}")
+        if resp.status_code < 500 and resp.status_code != 429:
+            raise EngineError(f"{self.base_url}/chat/completions rejected the request: {errors[-1]}")
+        raise TryAgain
 
     @property
     def version(self) -> int:

@@ -4,9 +4,9 @@ Requests go to ``/v1/completions`` with the prompt as a list of token ids and ``
 to the server with the fewest requests in flight. The logprob of each sampled token is the one of the distribution
 it was drawn from (after temperature, top-k, top-p) when the server runs with ``--logprobs-mode
 processed_logprobs``, as ``LocalVLLMServer`` starts it; a server started without it reports the temperature-1
-logprobs, which a trainer at another temperature would read as policy lag. Connection failures are retried on
-other servers with exponential backoff; when every try failed the call raises ``EngineError`` naming the servers
-(the agent then marks the episode ``infra_error``).
+logprobs, which a trainer at another temperature would read as policy lag. Connection failures and 5xx answers are
+retried on other servers with exponential backoff (``sao.core.retry``); when every try failed the call raises
+``EngineError`` naming the servers (the agent then marks the episode ``infra_error``).
 
 Weights, two ways, both through the ``SAOWorkerExtension`` (``/collective_rpc``) and followed by a prefix-cache
 reset: ``update_weights(checkpoint_dir, version)`` reloads a safetensors checkpoint (servers must see
@@ -22,18 +22,25 @@ from __future__ import annotations
 
 import asyncio
 import json
-import random
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import httpx
 
 from sao.agent.engines.protocols import EngineError, Generation, SamplingParams
+from sao.core.retry import RetryError, TryAgain, backoff
 
 if TYPE_CHECKING:  # weight_sync imports torch: keep this client light
     from sao.agent.engines.weight_sync import SyncPlan as WeightSyncPlan
 
-_RETRYABLE = (httpx.ConnectError, httpx.ReadError, httpx.RemoteProtocolError, httpx.WriteError, httpx.PoolTimeout)
+# What a server that is restarting or gone throws: worth another try (on another server when there is one).
+TRANSIENT_HTTP_ERRORS = (
+    httpx.ConnectError,
+    httpx.ReadError,
+    httpx.RemoteProtocolError,
+    httpx.WriteError,
+    httpx.PoolTimeout,
+)
 
 
 class VLLMEngine:
@@ -100,37 +107,42 @@ class VLLMEngine:
         return min(candidates, key=lambda u: (self._in_flight[u], (self.urls.index(u) - self._turn) % n))
 
     async def _request(self, method: str, path: str, body: dict[str, Any] | None, url: str | None = None) -> Any:
-        """One request with retries on connection errors; ``url`` pins a server (no failover)."""
-        failed: set[str] = set()
-        errors: list[str] = []
-        for attempt in range(self.max_retries + 1):
-            target = url or self._pick(failed)
-            self._in_flight[target] += 1
-            try:
-                resp = await self._client.request(method, target + path, json=body)
-            except _RETRYABLE as e:
-                failed.add(target)
-                errors.append(f"{target}: {type(e).__name__}: {e}")
-                if attempt < self.max_retries:
-                    await asyncio.sleep(self.backoff_s * (2**attempt) * (0.5 + random.random()))
-                continue
-            except httpx.TimeoutException as e:
-                raise EngineError(f"{target}{path} timed out: {e}") from e
-            finally:
-                self._in_flight[target] -= 1
-            if resp.status_code >= 500:
-                failed.add(target)
-                errors.append(f"{target}: HTTP {resp.status_code}: {resp.text[:300]}")
-                if attempt < self.max_retries:
-                    await asyncio.sleep(self.backoff_s * (2**attempt))
-                continue
-            if resp.status_code >= 400:
-                raise EngineError(f"{target}{path} rejected the request: HTTP {resp.status_code}: {resp.text[:500]}")
-            return resp.json() if resp.content else None
+        """One request, tried again (``sao.core.retry.backoff``) on another server after a connection error or a
+        5xx answer; ``url`` pins a server (no failover)."""
+        failures: list[tuple[str, str]] = []
+        try:
+            async for attempt in backoff(self.max_retries + 1, self.backoff_s):
+                with attempt:
+                    resp = await self._send(method, url or self._pick({u for u, _ in failures}), path, body, failures)
+                    return resp.json() if resp.content else None
+        except RetryError:
+            pass
         raise EngineError(
             f"vLLM server(s) unreachable after {self.max_retries + 1} tries ({path}); is the server running? "
-            + "; ".join(errors[-3:])
+            + "; ".join(f"{u}: {why}" for u, why in failures[-3:])
         )
+
+    async def _send(
+        self, method: str, target: str, path: str, body: dict[str, Any] | None, failures: list[tuple[str, str]]
+    ) -> httpx.Response:
+        """One try on ``target``: a connection error or a 5xx answer joins ``failures`` and asks for another try; a
+        timeout or a 4xx answer is an ``EngineError`` at once (trying again would only repeat it)."""
+        self._in_flight[target] += 1
+        try:
+            resp = await self._client.request(method, target + path, json=body)
+        except TRANSIENT_HTTP_ERRORS as e:
+            failures.append((target, f"{type(e).__name__}: {e}"))
+            raise TryAgain from e
+        except httpx.TimeoutException as e:
+            raise EngineError(f"{target}{path} timed out: {e}") from e
+        finally:
+            self._in_flight[target] -= 1
+        if resp.status_code >= 500:
+            failures.append((target, f"HTTP {resp.status_code}: {resp.text[:300]}"))
+            raise TryAgain
+        if resp.status_code >= 400:
+            raise EngineError(f"{target}{path} rejected the request: HTTP {resp.status_code}: {resp.text[:500]}")
+        return resp
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Generation:
         version = self._version

@@ -63,10 +63,24 @@ async def test_refuses_to_act_as_a_training_engine() -> None:
 async def test_endpoint_errors_are_infra_errors() -> None:
     seen: list[dict] = []
     model = OpenAIChatModel("http://test/v1", "m", transport=endpoint([{}] * 9, seen, status=503), max_retries=1)
-    with pytest.raises(EngineError, match="503"):
+    with pytest.raises(EngineError, match="failed after 2 tries: HTTP 503"):
         await model.chat([{"role": "user", "content": "hi"}])
+    assert len(seen) == 2
     traj = await run_chat_episode(ScriptedEnv([]), model)
     assert traj.status == "infra_error" and "503" in traj.info["infra_error"]
+    await model.close()
+
+
+async def test_busy_answers_are_tried_again_and_rejections_are_not() -> None:
+    answers = [429, 502, 200, 400]
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(answers.pop(0), json={"choices": [{"message": {"content": "ok"}}]})
+
+    model = OpenAIChatModel("http://test/v1", "m", transport=httpx.MockTransport(handle), max_retries=3)
+    assert (await model.chat([{"role": "user", "content": "hi"}])).content == "ok" and answers == [400]
+    with pytest.raises(EngineError, match="rejected the request: HTTP 400"):
+        await model.chat([{"role": "user", "content": "hi"}])
     await model.close()
 
 

@@ -99,3 +99,27 @@ def test_a_daemon_lost_between_start_and_preparation_is_waited_for(monkeypatch: 
     monkeypatch.setattr(sdocker, "_ANSWERED", {sdocker._host_key(None)})
     sb = sdocker.DockerSandbox.create_blocking(SandboxConfig(backend="docker", image="img", daemon_wait_s=30))
     assert api.inspects == 2 and api.removed == ["c0"] and sb.workdir == "/work"
+
+
+@pytest.mark.parametrize(("answered", "wait_s", "waits"), [(True, 0.2, True), (True, 0, False), (False, 30, False)])
+def test_a_daemon_is_waited_for_only_when_it_answered_before(
+    monkeypatch: pytest.MonkeyPatch, answered: bool, wait_s: float, waits: bool
+) -> None:
+    """Waited for up to ``daemon_wait_s`` (then the error says so); never when it never answered or the wait is 0."""
+    from sao.sandboxes.config import SandboxConfig
+    from sao.sandboxes.protocols import SandboxUnavailableError
+
+    calls: list[int] = []
+
+    def unreachable(cls: object, cfg: object, labels: object) -> None:
+        calls.append(1)
+        raise SandboxUnavailableError("Docker daemon unreachable")
+
+    monkeypatch.setattr(sdocker.DockerSandbox, "_create_once", classmethod(unreachable))
+    monkeypatch.setattr(sdocker.time, "sleep", lambda s: None)
+    monkeypatch.setattr(sdocker, "_ANSWERED", {sdocker._host_key(None)} if answered else set())
+    with pytest.raises(SandboxUnavailableError) as err:
+        sdocker.DockerSandbox.create_blocking(SandboxConfig(backend="docker", image="img", daemon_wait_s=wait_s))
+    assert ("for it to come back" in str(err.value)) == waits
+    assert not waits or "waited 0.2 s" in str(err.value)
+    assert (len(calls) > 1) == waits
