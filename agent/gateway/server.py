@@ -125,11 +125,10 @@ class Gateway:
         """Stop serving (in-flight requests finish first); open sessions stay readable."""
         if self._task is None:
             return
+        task, self._task = self._task, None
         self._server.should_exit = True
-        try:
-            await self._task
-        finally:
-            self._task, self._server = None, None
+        if not task.done():  # done: a signal stopped it, and uvicorn re-raises that signal itself
+            await task
 
     async def __aenter__(self) -> Gateway:
         await self.start()
@@ -137,6 +136,11 @@ class Gateway:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
+
+    @property
+    def serving(self) -> bool:
+        """The server is running (``start`` done, not stopped by ``stop`` or a signal)."""
+        return self._task is not None and not self._task.done() and self._server.started
 
     @property
     def url(self) -> str:

@@ -105,3 +105,49 @@ async def test_a_user_process_opens_by_use_and_closes_over_http(tok: Any) -> Non
     assert ok.status_code == 200 and ok.json()["rows"] == 1 and again.status_code == 404
     ((rec, req),) = closed
     assert rec.session_id == "mine" and req.reward == 0.5 and req.task_id == "t9" and gw.open_sessions == []
+
+
+async def test_standalone_writes_closed_idle_and_leftover_sessions_never_as_a_fake_reward(
+    tok: Any, tmp_path: Path
+) -> None:
+    import asyncio
+
+    from sao.agent.gateway.standalone import StandaloneOptions, TrajectorySink, serve_gateway
+    from sao.agent.records import read_jsonl
+
+    lines: list[str] = []
+    sink = TrajectorySink(tmp_path / "out", lines.append)
+    engine = ScriptedEngine([act(tok, "ok")])
+    gw = Gateway(engine, tok, max_context_tokens=256, max_action_tokens=8, auto_open=True, on_close=sink.closed)
+    task = asyncio.create_task(serve_gateway(gw, sink, StandaloneOptions(idle_s=1.5)))
+    while not gw.serving:
+        await asyncio.sleep(0.01)
+    async with httpx.AsyncClient(base_url=gw.url) as h:
+        for sid in ("won", "idle", "left"):
+            assert (await h.post(f"/s/{sid}/v1/chat/completions", json={"messages": [TASK]})).status_code == 200
+        assert (await h.post("/s/won/close", json={"reward": 1.0, "task_id": "t1"})).status_code == 200
+        for _ in range(20):  # "left" keeps talking while "idle" goes idle
+            await asyncio.sleep(0.2)
+            await h.get("/health")
+            await h.post("/s/left/v1/chat/completions", json={"messages": [TASK]})
+    assert gw.open_sessions == ["left"]
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    by_task = {t.task_id: t for t in read_jsonl(tmp_path / "out" / "trajectories.jsonl")}
+    assert by_task["t1"].status == "ok" and by_task["t1"].reward == 1.0 and by_task["t1"].info["session_id"] == "won"
+    assert by_task["idle"].status == "infra_error" and "idle" in by_task["idle"].info["infra_error"]
+    assert by_task["left"].status == "infra_error" and "stopped" in by_task["left"].info["infra_error"]
+    assert by_task["left"].info["rows"] == by_task["left"].info["prefix_breaks"] + 1 > 1
+    assert len(lines) == 3 and (tmp_path / "out" / "sessions.jsonl").read_text().count("\n") == 3
+
+
+def test_sao_serve_gateway_refuses_an_evaluation_only_spec() -> None:
+    from typer.testing import CliRunner
+
+    from sao.cli.main import app
+
+    res = CliRunner().invoke(app, ["serve", "--gateway", "openai:m@http://127.0.0.1:9/v1", "--max-tokens", "8"])
+    assert res.exit_code == 2 and "evaluation-only" in res.output and "hf:DIR" in res.output, res.output
+    res = CliRunner().invoke(app, ["serve", "--gateway", "smollm2", "--max-context", "64", "--max-tokens", "64"])
+    assert res.exit_code == 2 and "--max-tokens" in res.output
