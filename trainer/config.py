@@ -709,3 +709,22 @@ def config_diff(a: Config, b: Config) -> list[str]:
 
     fa, fb = flat(a.to_dict()), flat(b.to_dict())
     return sorted(k for k in fa.keys() | fb.keys() if fa.get(k) != fb.get(k) and k not in RESUME_MUTABLE)
+
+
+def resumed_config(cfg: Config, resume: str | Path) -> Config:
+    """The saved config of the run in ``resume``, after checking that ``cfg`` (the config this resume was given:
+    the saved one plus the command line's overrides, or another file) changes only what a resume may change
+    (``RESUME_MUTABLE``); any other difference is refused naming its fields, so one run never mixes two configs.
+    Plain and staged runs both resume through here."""
+    saved_path = Path(resume) / "config.yaml"
+    if not saved_path.exists():
+        raise ConfigError(f"--resume {str(resume)!r}: no config.yaml there; pass a RUN_DIR written by `sao train`")
+    saved = load_config(saved_path)
+    diff = config_diff(saved, cfg)
+    if diff:
+        raise ConfigError(
+            f"--resume {str(resume)!r}: the config differs from the run's saved config in {diff}; resume with the "
+            f"saved config ({saved_path}) or start a new run.dir. A resume may change only "
+            f"{', '.join(sorted(RESUME_MUTABLE))}"
+        )
+    return saved
