@@ -8,17 +8,21 @@ Usage::
     runner.pause(); runner.resume(); runner.stop()                           # backpressure / shutdown
 
     async with runner:                                   # a caller with its own scheduler (the trainer)
-        traj = await runner.run_one(Episode(index=7, task=task, seed=7))
+        rows = await runner.run_one(Episode(index=7, task=task, seed=7))
 
 ``run_one`` is the single place an episode is played: a fresh env from ``env_factory()``, reset with
 ``options={"task": task}`` (or, with no task, the env's own seeded sampler), played by the ``Player`` (a token
-engine: ``TokenPlayer``; a chat endpoint or a script: ``ChatPlayer``), then closed (``sao.agent.protocols.close_env``);
-the trajectory's ``info`` gets ``episode`` (the index) and ``seed``.
+engine: ``TokenPlayer``; a chat endpoint or a script: ``ChatPlayer``; an outside agent: ``sao.agent.harness``), then
+closed (``sao.agent.protocols.close_env``). It returns the episode's rows: one trajectory for SAO's own loop; an
+outside agent's episode has one per prefix break of its gateway session (``info["row"]`` / ``info["rows"]``; every row
+carries the episode's outcome, ``is_last_row`` marks the one a per-episode consumer reads). Each row's ``info`` gets
+``episode`` (the index) and ``seed``.
 It never raises for one episode: an exception becomes ``infra_error_trajectory(...)``, the one constructor of
 such records. ``run`` bounds the episodes in flight with an ``asyncio_pool.AioPool`` of ``concurrency`` slots,
-writes each finished trajectory to ``out_path`` (fsynced) and then hands it to the callback, in finishing order.
-While the runner is open (``async with runner`` or inside ``run``) Docker sandboxes of its envs come from warm
-pools sized by ``concurrency`` (``sao.sandboxes.pool.warm_pools``); leaving removes every container they hold.
+writes each finished trajectory (row) to ``out_path`` (fsynced) and then hands it to the callback, in finishing
+order. While the runner is open (``async with runner`` or inside ``run``) Docker sandboxes of its envs come from warm
+pools sized by ``concurrency`` (``sao.sandboxes.pool.warm_pools``); leaving removes every container they hold. A
+player that holds resources (a harness's gateway) is an async context manager, kept open while the runner is.
 """
 
 from __future__ import annotations
@@ -108,9 +112,16 @@ def infra_error_trajectory(
 
 
 class Player(Protocol):
-    """Plays one episode of a freshly made env (not closed by the player)."""
+    """Plays one episode of a freshly made env (not closed by the player): its trajectory, or its rows (a harness
+    episode whose gateway session broke its prefix; see the module doc)."""
 
-    async def play(self, env: AsyncEnv, episode: Episode) -> Trajectory: ...
+    async def play(self, env: AsyncEnv, episode: Episode) -> Trajectory | list[Trajectory]: ...
+
+
+def is_last_row(traj: Trajectory) -> bool:
+    """Whether ``traj`` is its episode's last row (any trajectory of SAO's own loop is): where a consumer that
+    wants one record per episode (an eval's verdict, a progress count) reads the episode's outcome."""
+    return int(traj.info.get("row", 0)) + 1 >= int(traj.info.get("rows", 1))
 
 
 @dataclass
@@ -243,6 +254,8 @@ class EpisodeRunner:
 
             stack = contextlib.AsyncExitStack()
             self.sandbox_pools = await stack.enter_async_context(warm_pools(self.cfg.concurrency))
+            if hasattr(self.player, "__aenter__"):
+                await stack.enter_async_context(self.player)  # type: ignore[arg-type]
             self._pools = stack
         self._opened += 1
         return self
@@ -269,8 +282,9 @@ class EpisodeRunner:
         self._running.set()
 
     # ---- one episode --------------------------------------------------------------------------------------
-    async def run_one(self, episode: Episode) -> Trajectory:
-        """Play one episode in a fresh env and close it; never raises (a failure is an infra_error record)."""
+    async def run_one(self, episode: Episode) -> list[Trajectory]:
+        """Play one episode in a fresh env and close it: its rows (one, unless a harness's session broke its
+        prefix); never raises (a failure is one infra_error record)."""
         t0 = time.perf_counter()
         env: Any = None
         task_id = episode.tid
@@ -279,27 +293,31 @@ class EpisodeRunner:
             episode = dataclasses.replace(episode, task_id=task_id)
         try:
             env = self.env_factory()
-            traj = await self.player.play(env, episode)
+            played = await self.player.play(env, episode)
+            rows = played if isinstance(played, list) else [played]
         except Exception as e:  # any failure of one episode must not end the run
             env_id = env_id_of(env) if env is not None else "unknown"
-            traj = infra_error_trajectory(task_id, env_id, e, wall_s=time.perf_counter() - t0)
+            rows = [infra_error_trajectory(task_id, env_id, e, wall_s=time.perf_counter() - t0)]
         finally:
             await close_env(env)
         # Which episode this was (resuming `sao collect`, matching eval samples): a new record, never a mutation.
-        return dataclasses.replace(traj, info={**traj.info, "episode": episode.index, "seed": episode.seed})
+        where = {"episode": episode.index, "seed": episode.seed}
+        return [dataclasses.replace(t, info={**t.info, **where}) for t in rows]
 
     # ---- many episodes ------------------------------------------------------------------------------------
-    async def _emit(self, traj: Trajectory, on_trajectory: OnTrajectory | None) -> None:
+    async def _emit(self, rows: list[Trajectory], on_trajectory: OnTrajectory | None) -> None:
+        """One episode's rows, in order: to ``out_path``, to the stats (the episode counted once), to the callback."""
         async with self._emit_lock:
             if self.out_path is not None:
-                await asyncio.to_thread(write_jsonl, self.out_path, [traj])
-            self.stats.add(traj)
-            if isinstance(on_trajectory, asyncio.Queue):
-                await on_trajectory.put(traj)
-            elif on_trajectory is not None:
-                res = on_trajectory(traj)
-                if inspect.isawaitable(res):
-                    await res
+                await asyncio.to_thread(write_jsonl, self.out_path, rows)
+            self.stats.add(rows[-1])
+            for traj in rows:
+                if isinstance(on_trajectory, asyncio.Queue):
+                    await on_trajectory.put(traj)
+                elif on_trajectory is not None:
+                    res = on_trajectory(traj)
+                    if inspect.isawaitable(res):
+                        await res
 
     async def run(
         self,
@@ -331,10 +349,10 @@ class EpisodeRunner:
                 await self._running.wait()  # a pause holds episodes that got a slot but have not started
                 if self._stopped:
                     return
-                traj = await self.run_one(episode)
+                rows = await self.run_one(episode)
                 try:
-                    await self._emit(traj, on_trajectory)
-                    bar(traj)
+                    await self._emit(rows, on_trajectory)
+                    bar(rows[-1])
                 except BaseException as e:
                     errors.append(e)
                     self.stop()

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,8 +32,10 @@ from typing import Any
 
 from sao.agent.engines import registry
 from sao.agent.engines.registry import ModelSpec, ModelSpecError, SpecModel, SpecOptions
+from sao.agent.harness.protocols import Endpoint
+from sao.agent.harness.registry import DEFAULT_HARNESS, PlayerArgs, make_player
 from sao.agent.loop import AgentConfig
-from sao.agent.rollout import ChatPlayer, Player, TokenPlayer
+from sao.agent.rollout import Player
 from sao.core.jsonl import iter_jsonl, write_json_atomic
 
 SPEC_HELP = registry.spec_help()
@@ -78,21 +81,31 @@ class EvalModel:
             except ModelSpecError as e:
                 raise EvalError(str(e)) from e
 
-    def player(self, *, max_turns: int, render_check_every: int = 0) -> Player:
-        """What plays this model's episodes in ``sao.agent.rollout.EpisodeRunner``."""
+    def player(
+        self, *, max_turns: int, render_check_every: int = 0, harness: str = DEFAULT_HARNESS, harness_config: str = ""
+    ) -> Player:
+        """What plays this model's episodes in ``sao.agent.rollout.EpisodeRunner``: ``harness`` (a name of
+        ``sao.agent.harness.registry``: SAO's own loop, or an outside agent such as mini-swe-agent, which calls a
+        token engine through SAO's gateway or an ``openai:`` endpoint directly) with ``harness_config``; an outside
+        agent's step limit is ``max_turns``."""
         b = self.built
-        if b.engine is not None:
-            cfg = AgentConfig(
-                max_context_tokens=self.max_context_tokens,
-                max_action_tokens=min(self.max_action_tokens, self.max_context_tokens // 2),
-                max_turns=max_turns,
-                temperature=self.temperature,
-                top_p=self.top_p,
-            )
-            return TokenPlayer(b.engine, b.tokenizer, cfg, render_check_every=render_check_every)
-        if b.chat is not None:
-            return ChatPlayer(b.chat, max_turns=max_turns)
-        return ChatPlayer(per_task=b.per_task, max_turns=max_turns)
+        cfg = AgentConfig(
+            max_context_tokens=self.max_context_tokens,
+            max_action_tokens=min(self.max_action_tokens, self.max_context_tokens // 2),
+            max_turns=max_turns,
+            temperature=self.temperature,
+            top_p=self.top_p,
+        )
+        endpoint = None
+        if b.engine is None and self.spec.base_url:  # an OpenAI-compatible endpoint an outside agent can call
+            params = {"temperature": self.temperature, "max_tokens": cfg.max_action_tokens}
+            key = os.environ.get("OPENAI_API_KEY") or "none"
+            endpoint = Endpoint(self.spec.base_url, self.spec.model, key, params, recorded=False)
+        args = PlayerArgs(cfg, b.engine, b.tokenizer, b.chat, b.per_task, endpoint, harness_config, render_check_every)
+        try:
+            return make_player(harness, args)
+        except ValueError as e:
+            raise EvalError(f"--agent {harness}: {e}") from e
 
     async def close(self) -> None:
         for part in (self.built.engine, self.built.chat):

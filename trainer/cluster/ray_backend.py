@@ -89,7 +89,7 @@ class RolloutWorkerImpl:
             await stack.enter_async_context(self.runner)
             self._stack = stack
 
-    async def run_one(self, episode: Episode) -> Trajectory:
+    async def run_one(self, episode: Episode) -> list[Trajectory]:
         import dataclasses
 
         import ray
@@ -98,15 +98,15 @@ class RolloutWorkerImpl:
             await self._open()
         boxes: list[RemoteSandbox] = []
         episode_sandboxes.set(boxes)  # this call's own context: the sandboxes of this episode only
-        traj = await self.runner.run_one(episode)
+        rows = await self.runner.run_one(episode)
         info: dict[str, Any] = {"ray_node": ray.get_runtime_context().get_node_id()}
         lost = next((b.failed for b in boxes if b.failed), None)
-        if lost is not None and traj.status != "infra_error":  # e.g. the env's teardown swallowed the error
-            traj = infra_error_trajectory(traj.task_id, traj.env_id, lost, with_traceback=False)
+        if lost is not None and rows[-1].status != "infra_error":  # e.g. the env's teardown swallowed the error
+            rows = [infra_error_trajectory(rows[-1].task_id, rows[-1].env_id, lost, with_traceback=False)]
             info["episode"], info["seed"] = episode.index, episode.seed
         if self.sandboxes is not None and self.sandboxes.lost is not None:
             info["sandbox_host_lost"] = self.sandboxes.lost
-        return dataclasses.replace(traj, info={**traj.info, **info})
+        return [dataclasses.replace(t, info={**t.info, **info}) for t in rows]
 
     async def set_version(self, version: int) -> None:
         self.engine.set_version(version)
@@ -126,7 +126,8 @@ class RayRolloutRunner:
         self.busy = [0] * len(self.workers)
         self.dead: set[int] = set()
 
-    async def run_one(self, episode: Episode) -> Trajectory:
+    async def run_one(self, episode: Episode) -> list[Trajectory] | Trajectory:
+        """The episode's rows from the least busy live worker (one infra-error record when none can play it)."""
         import ray
 
         live = [i for i in range(len(self.workers)) if i not in self.dead]
@@ -139,10 +140,11 @@ class RayRolloutRunner:
         i = min(live, key=lambda j: self.busy[j])
         self.busy[i] += 1
         try:
-            traj: Trajectory = await self.workers[i].run_one.remote(episode)
-            if traj.info.get("sandbox_host_lost"):  # its node has no sandboxes any more: the other nodes go on
+            got: list[Trajectory] | Trajectory = await self.workers[i].run_one.remote(episode)
+            last = got[-1] if isinstance(got, list) else got
+            if last.info.get("sandbox_host_lost"):  # its node has no sandboxes any more: the other nodes go on
                 self.dead.add(i)
-            return traj
+            return got
         except (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError) as e:
             self.dead.add(i)
             msg = f"rollout worker {self.names[i]} died: {type(e).__name__}"

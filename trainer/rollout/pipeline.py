@@ -37,9 +37,10 @@ from sao.trainer.runs.stopping import InfraStreak, RolloutsLost
 
 
 class EpisodeSource(Protocol):
-    """What plays one episode (``sao.agent.rollout.EpisodeRunner``); an async context manager if it holds resources."""
+    """What plays one episode (``sao.agent.rollout.EpisodeRunner``): its rows, or its one trajectory; an async
+    context manager if it holds resources."""
 
-    async def run_one(self, episode: Episode) -> Trajectory: ...
+    async def run_one(self, episode: Episode) -> list[Trajectory] | Trajectory: ...
 
 
 STALENESS_POLICIES = ("wait", "drop")
@@ -198,14 +199,19 @@ class Coordinator:
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
-    async def _one(self, index: int, seed: int, options: dict[str, Any] | None, task_id: str | None) -> Trajectory:
+    async def _one(
+        self, index: int, seed: int, options: dict[str, Any] | None, task_id: str | None
+    ) -> list[Trajectory]:
+        """The episode's rows (a harness episode whose gateway session broke its prefix has several; each is a
+        trajectory of its own in the buffer and the ledger, all with the episode's outcome)."""
         self.counters.episodes_started += 1
         task = None if options is None else options.get("task")
         episode = Episode(index, task, seed, task_id)
         try:
-            return await self.runner.run_one(episode)
+            got = await self.runner.run_one(episode)
         except Exception as e:  # the runner records episode failures itself; this guards a runner that raised
-            return infra_error_trajectory(episode.tid, "unknown", e)
+            return [infra_error_trajectory(episode.tid, "unknown", e)]
+        return got if isinstance(got, list) else [got]
 
     async def _group(
         self, index: int, seed: int, options: dict[str, Any] | None, task_id: str | None, n: int, start: int
@@ -213,7 +219,8 @@ class Coordinator:
         # Every member resets with the same seed and options: with the env's own sampler the seed picks the task,
         # so a different seed per member would give each member a different prompt (and no group baseline).
         try:
-            trajs = await asyncio.gather(*(self._one(index, seed, options, task_id) for _ in range(n)))
+            played = await asyncio.gather(*(self._one(index, seed, options, task_id) for _ in range(n)))
+            trajs = [t for rows in played for t in rows]
         finally:
             self._in_flight -= n
             self._flying[start] -= n

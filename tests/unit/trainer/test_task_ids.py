@@ -82,7 +82,7 @@ class Raises:
 async def test_a_runner_that_raised_gives_a_record_named_by_the_rule(tmp_path: Path) -> None:
     c = Coordinator(Raises(), TaskSource(None, 0), Ledger(tmp_path / "t.jsonl"), concurrency=1, buffer_size=2,
                     max_staleness=1)  # fmt: skip
-    traj = await c._one(3, 0, None, c.tasks.get(3)[2])
+    [traj] = await c._one(3, 0, None, c.tasks.get(3)[2])
     assert traj.status == "infra_error" and traj.task_id == "task-3"
 
 
