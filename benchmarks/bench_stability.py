@@ -40,6 +40,7 @@ from sao.benchmarks.rl_bench_common import (
     write_json,
 )
 from sao.core.config import load_yaml, merge
+from sao.core.console import ProgressLine, say
 
 DEFAULT_CONFIG = Path("configs/bench/stability.yaml")
 CURVE_KEYS = (
@@ -209,7 +210,7 @@ def _run_job(cfg: dict[str, Any], run_dir: str, log: str | None) -> tuple[int, f
 def run(sc: StabilityConfig, echo: Callable[[str], None] = print) -> dict[str, Any]:
     """Every (variant, seed) run not already finished, then the summary table, JSON and plot. With ``sc.jobs``
     > 1 the warm starts, then the runs, go to that many worker processes (one torch thread each, output in
-    ``runs/<run>.log``), with one progress line a minute."""
+    ``runs/<run>.log``), with one progress line."""
     spec = merge(load_yaml(sc.config, SPEC_HINT), sc.overrides)
     known = spec.get("variants", {})
     variants = sc.variants or tuple(spec.get("default_variants") or known)
@@ -268,37 +269,53 @@ def _train_all(
             cfg["model"]["path"] = models[seed]
         run_dir = sc.out / "runs" / f"{variant}_seed{seed}"
         calls.append((cfg, str(run_dir), str(run_dir.with_name(run_dir.name + ".log")) if logs else None))
+    _run_all(sc, todo, calls, steps, t_all, echo)
+
+
+def _run_all(
+    sc: StabilityConfig,
+    todo: list[tuple[str, int]],
+    calls: list[tuple[Any, ...]],
+    steps: int,
+    t_all: float,
+    echo: Callable[[str], None],
+) -> None:
+    """The runs, a line each as it finishes; with worker processes (their output in logs) also the progress line
+    (runs done, ETA by the steps every run has written, the runs in flight), our lines said above it. Run in this
+    process, a run shows the trainer's own line."""
     finished = 0
+    with ProgressLine("runs", len(todo), enabled=sc.jobs > 1, status="starting", every_s=60.0) as line:
+        note = say if line.enabled else echo
 
-    def one_done(i: int, res: tuple[int, float, list[float]]) -> None:
-        nonlocal finished
-        finished += 1
-        n, wall, success = res
-        s = stability_summary(success, sc.window, sc.plateau, sc.max_drop)
-        variant, seed = todo[i]
-        echo(
-            f"[{finished}/{len(todo)}] {variant} seed {seed}: {n} steps in {wall:.0f}s, plateau step "
-            f"{s['plateau_step']}, largest drop {s['largest_drop_after_plateau']:.2f} "
-            f"(elapsed {time.perf_counter() - t_all:.0f}s)"
-        )
+        def one_done(i: int, res: tuple[int, float, list[float]]) -> None:
+            nonlocal finished
+            finished += 1
+            n, wall, success = res
+            s = stability_summary(success, sc.window, sc.plateau, sc.max_drop)
+            variant, seed = todo[i]
+            note(
+                f"[{finished}/{len(todo)}] {variant} seed {seed}: {n} steps in {wall:.0f}s, plateau step "
+                f"{s['plateau_step']}, largest drop {s['largest_drop_after_plateau']:.2f} "
+                f"(elapsed {time.perf_counter() - t_all:.0f}s)"
+            )
+            line.set_work(finished * steps, len(todo) * steps)
+            line.update(finished)
 
-    def progress(running: set[int]) -> None:
-        done_steps, parts, waiting = finished * steps, [], 0
-        for i in sorted(running):  # the pool also counts the runs queued for the next free workers as running
-            n = _steps_written(Path(calls[i][1]))
-            done_steps += n
-            if n:
-                parts.append(f"{todo[i][0]} s{todo[i][1]} {n}/{steps}")
-            else:
-                waiting += 1
-        if waiting:
-            parts.append(f"{waiting} starting or queued")
-        el = time.perf_counter() - t_all
-        total = len(todo) * steps
-        eta = f", ~{el / done_steps * (total - done_steps) / 60:.0f} min left" if done_steps else ""
-        echo(f"[{finished}/{len(todo)} runs done] {', '.join(parts)}; {el / 60:.1f} min{eta}")
+        def progress(running: set[int]) -> None:
+            done_steps, parts, waiting = finished * steps, [], 0
+            for i in sorted(running):  # the pool also counts the runs queued for the next free workers as running
+                n = _steps_written(Path(calls[i][1]))
+                done_steps += n
+                if n:
+                    parts.append(f"{todo[i][0]} s{todo[i][1]} {n}/{steps}")
+                else:
+                    waiting += 1
+            if waiting:
+                parts.append(f"{waiting} starting or queued")
+            line.set_work(done_steps, len(todo) * steps)
+            line.update(finished, ", ".join(parts))
 
-    map_in_workers(_run_job, calls, sc.jobs, one_done, progress, fresh_process=True)
+        map_in_workers(_run_job, calls, sc.jobs, one_done, progress, every_s=10.0, fresh_process=True)
 
 
 def report(

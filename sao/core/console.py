@@ -2,10 +2,15 @@
 
 ``third_party_to_log(path)`` sends everything written to the process's stdout and stderr file descriptors (progress
 bars of transformers / datasets / huggingface_hub, DeepSpeed's warnings and op builds, C-level logs, child
-processes) to ``path``. Python-level writes are routed by who wrote them: a ``print`` or echo from SAO's own
-packages (and rich / click, which we print through) still reaches the terminal; everything else goes to the log.
-``say(msg)`` prints one of our lines; ``ProgressLine`` is a live ``label done/total [bar] elapsed<eta status`` line
-that fits 80 columns, for anything a person waits for (training steps, evals, SFT, image builds, setup).
+processes, any ``print``) and every third-party log record to ``path``. Our output is ours by the way it is written,
+never by who writes it: ``say(msg)`` prints one of our lines, ``ProgressLine`` is the one live progress display
+(``label done/total [bar] elapsed<eta status`` in 80 columns, for anything a person waits for: training steps,
+episodes, evals, SFT, image builds, setup, benches), ``terminal()`` is the stream for anything else of ours (a rich
+``Console(file=terminal())``), and the ``sao`` loggers' warnings reach the terminal.
+
+The line is ours rather than ``rich.progress``: it keeps a log file short (one line per ``every_s``, where rich's
+live display writes nothing to a file until it stops), times its ETA by finer units than it counts (``set_work``:
+turns of episodes in flight) and cuts to 80 columns; drawn in place it is one ``\r`` and an erase.
 """
 
 from __future__ import annotations
@@ -20,10 +25,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
-from typing import Any, TextIO
+from typing import TextIO
 
-#: Top-level packages whose Python-level writes are ours (they reach the terminal while third parties are logged).
-OUR_PACKAGES = frozenset({"sao", "__main__", "rich", "click", "typer"})
 MAX_WIDTH = 80
 
 _terminal: TextIO | None = None  # the real stderr while third-party output is redirected
@@ -194,42 +197,17 @@ class ProgressLine:
         self.close()
 
 
-class _Router:
-    """A ``sys.stdout`` / ``sys.stderr`` stand-in: writes from our packages go to the terminal, others to the log."""
-
-    def __init__(self, ours: TextIO, theirs: TextIO) -> None:
-        self._ours, self._theirs = ours, theirs
-
-    def _target(self) -> TextIO:
-        frame = sys._getframe(2)  # 0: here, 1: write/isatty, 2: whoever called it (print is a builtin: no frame)
-        module = str(frame.f_globals.get("__name__", ""))
-        return self._ours if module.split(".", 1)[0] in OUR_PACKAGES else self._theirs
-
-    def write(self, text: str) -> int:
-        return self._target().write(text)
-
-    def writelines(self, lines: Any) -> None:
-        self._target().writelines(lines)
-
-    def flush(self) -> None:
-        self._ours.flush()
-        self._theirs.flush()
-
-    def isatty(self) -> bool:
-        # Our rich displays stay live on a terminal; third-party bars see a file and write plain lines to the log.
-        return bool(self._target().isatty())
-
-    def fileno(self) -> int:
-        return self._theirs.fileno()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._theirs, name)
+#: Loggers whose records are our messages: their warnings reach the terminal while third-party output is logged.
+OUR_LOGGERS = ("sao", "__main__")
 
 
 @contextlib.contextmanager
 def third_party_to_log(path: str | Path) -> Iterator[Path]:
-    """Send third-party output (file descriptors 1 and 2, and Python writes from other packages) to ``path``
-    (appended); our own lines keep reaching the terminal. Restores everything on exit, also on errors."""
+    """Send third-party output to ``path`` (appended) while ours keeps reaching the terminal; restores everything on
+    exit, also on errors. Nothing is decided by who is calling. File descriptors 1 and 2 go to the log: C-level
+    output, child processes, and Python's ``sys.stdout`` / ``sys.stderr`` (``print``, tqdm bars). Log records go by
+    logger name: warnings of ``OUR_LOGGERS`` to the terminal; the rest, and ``warnings.warn`` (captured), to the log.
+    Our own lines take the explicit way: ``say``, ``ProgressLine``, or ``terminal()`` as a stream."""
     global _terminal
     log = Path(path)
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -238,38 +216,49 @@ def third_party_to_log(path: str | Path) -> Iterator[Path]:
             s.flush()
     saved = os.dup(1), os.dup(2)
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    term_out = os.fdopen(os.dup(saved[0]), "w", buffering=1, encoding="utf-8", errors="replace")
-    term_err = os.fdopen(os.dup(saved[1]), "w", buffering=1, encoding="utf-8", errors="replace")
+    term = os.fdopen(os.dup(saved[1]), "w", buffering=1, encoding="utf-8", errors="replace")
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
-    old_streams, old_terminal = (sys.stdout, sys.stderr), _terminal
-    sys.stdout = _Router(term_out, old_streams[0])
-    sys.stderr = _Router(term_err, old_streams[1])
-    _terminal = term_err
-    # Our own loggers' warnings are our messages: to the terminal (logging would write them from its own frames).
-    ours = logging.StreamHandler(term_err)
+    old_terminal, _terminal = _terminal, term
+    try:
+        with _records_by_logger(term, log):
+            yield log
+    finally:
+        for s in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                s.flush()
+        _terminal = old_terminal
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for f in saved:
+            os.close(f)
+        term.close()
+
+
+@contextlib.contextmanager
+def _records_by_logger(term: TextIO, log: Path) -> Iterator[None]:
+    """Warnings of our loggers to ``term`` ("WARNING: ..."); every other record reaching the root logger, and the
+    ``warnings`` module's (``logging.captureWarnings``), to ``log`` with a time and the logger's name."""
+    ours = logging.StreamHandler(term)
     ours.setLevel(logging.WARNING)
     ours.setFormatter(logging.Formatter("%(levelname)s: %(message)s"))
-    loggers = [logging.getLogger(name) for name in sorted(OUR_PACKAGES - {"__main__", "rich", "click", "typer"})]
+    theirs = logging.FileHandler(log, encoding="utf-8")
+    theirs.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    loggers = [logging.getLogger(name) for name in OUR_LOGGERS]
     old_propagate = [lg.propagate for lg in loggers]
     for lg in loggers:
         lg.addHandler(ours)
         lg.propagate = False
+    root = logging.getLogger()
+    root.addHandler(theirs)
+    logging.captureWarnings(True)
     try:
-        yield log
+        yield
     finally:
+        logging.captureWarnings(False)
+        root.removeHandler(theirs)
+        theirs.close()
         for lg, prop in zip(loggers, old_propagate, strict=True):
             lg.removeHandler(ours)
             lg.propagate = prop
-        for s in (sys.stdout, sys.stderr, *old_streams):
-            with contextlib.suppress(Exception):
-                s.flush()
-        sys.stdout, sys.stderr = old_streams
-        _terminal = old_terminal
-        os.dup2(saved[0], 1)
-        os.dup2(saved[1], 2)
-        for f in (*saved,):
-            os.close(f)
-        term_out.close()
-        term_err.close()

@@ -19,8 +19,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from sao.core.console import ProgressLine
 from sao.core.jsonl import iter_jsonl
-from sao.eval.common import EvalError, progress
+from sao.eval.common import EvalError
 
 KEYS = ("instance_id", "model_name_or_path", "model_patch")
 FIX = 'each line must be one JSON object {"instance_id": str, "model_name_or_path": str, "model_patch": str}'
@@ -103,15 +104,14 @@ def grade_with_harness(
         return Path(workdir, RUN_EVALUATION_LOG_DIR, run_id, model, p["instance_id"])
 
     t0 = time.perf_counter()
-    with open(log_path, "ab") as log, progress(len(preds), "harness") as bar:
+    with open(log_path, "ab") as log, ProgressLine("harness", len(preds)) as bar:
         log.write(("$ " + " ".join(cmd) + "\n").encode())
         log.flush()
         proc = subprocess.Popen(cmd, cwd=workdir, stdout=log, stderr=subprocess.STDOUT)
-        task = bar.add_task("", total=len(preds))
         while proc.poll() is None:
-            bar.update(task, completed=sum((log_dir(p) / LOG_REPORT).exists() for p in preds))
+            bar.update(sum((log_dir(p) / LOG_REPORT).exists() for p in preds))
             time.sleep(1.0)
-        bar.update(task, completed=len(preds))
+        bar.update(len(preds))
     if proc.returncode != 0:
         tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-15:])
         raise EvalError(f"the official harness failed (exit {proc.returncode}); log {log_path}:\n{tail}")

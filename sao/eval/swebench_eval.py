@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from sao.agent.records import Trajectory
+from sao.core.console import say
 from sao.envs.datasets import HUB_PROBE_TIMEOUT_S, hub_available
 from sao.eval.common import (
     EvalError,
@@ -178,7 +179,7 @@ async def _run_all(todo: list[dict[str, Any]], model: EvalModel, cfg: SWEEvalCon
 
     out = cfg.out
     if skipped:
-        print(f"swebench: {skipped} instance(s) already done in {out}, {len(todo)} to run", flush=True)
+        say(f"swebench: {skipped} instance(s) already done in {out}, {len(todo)} to run")
     make_env = env_factory("sao/SWE-v0", {"max_steps": cfg.max_steps, "grade_timeout_s": cfg.grade_timeout_s})
     # One turn past the env's step limit: the env's own limit ends (and grades) the episode first.
     player = model.player(max_turns=cfg.max_steps + 1)

@@ -1,5 +1,6 @@
 """sao.core.console: the progress line fits 80 columns and gives an ETA; third-party output goes to the log while
-our own lines (print from our packages, say, progress) reach the terminal."""
+our own lines (say, progress, the sao loggers' warnings) reach the terminal, decided by the way they are written
+(never by who calls)."""
 
 from __future__ import annotations
 
@@ -41,9 +42,14 @@ SCRIPT = """
 import os, sys, warnings
 from sao.core.console import ProgressLine, say, third_party_to_log
 with third_party_to_log(sys.argv[1]):
-    print("ours: printed by __main__")
+    print("a print, from anyone")
     import logging; logging.getLogger("sao.trainer.runs.run").warning("ours: a trainer warning")
+    logging.getLogger("__main__").warning("ours: a script warning")
     say("ours: said")
+    from rich.console import Console
+    from sao.core.console import terminal
+    Console(file=terminal()).print("ours: a rich line")
+    logging.getLogger("somelib").info("somelib info")  # below the root's level: nowhere
     warnings.warn("a third-party style warning")
     import logging; logging.getLogger("somelib").warning("somelib warning")
     os.write(2, b"C-level stderr\\n")
@@ -64,16 +70,25 @@ def test_third_party_output_goes_to_the_log(tmp_path: Path) -> None:
     assert res.returncode == 0, res.stderr
     console = res.stdout + res.stderr
     for ours in (
-        "ours: printed by __main__",
         "ours: said",
+        "ours: a rich line",
         "WARNING: ours: a trainer warning",
+        "WARNING: ours: a script warning",
         "step 2/2 [##########]",
         "after: back to normal",
     ):
         assert ours in console
     text = log.read_text()
-    for theirs in ("third-party style warning", "somelib warning", "C-level stderr", "child stdout", "Loading weights"):
+    for theirs in (
+        "a print, from anyone",
+        "third-party style warning",
+        "WARNING somelib: somelib warning",
+        "C-level stderr",
+        "child stdout",
+        "Loading weights",
+    ):
         assert theirs in text and theirs not in console
+    assert "ours:" not in text and "somelib info" not in text + console
 
 
 def test_eta_text_for_log_lines() -> None:

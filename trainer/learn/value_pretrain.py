@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from sao.agent.records import Trajectory
+from sao.core.console import say
 from sao.core.jsonl import iter_jsonl
 from sao.trainer import distributed as dist_utils
 from sao.trainer.algos.registry import AdvantageFn, advantage_traits, get_advantage
@@ -189,10 +190,9 @@ def fit_critic(
         gn = sum(norms) / len(norms) if norms else float("nan")
         curve.append({"epoch": epoch + 1, "loss": loss, "fit_ev": ev, "held_out_ev": held_ev, "grad_norm": gn})
         if dist_utils.rank() == 0:
-            print(
+            say(
                 f"value pretraining epoch {epoch + 1}/{epochs}: loss {loss:.4f} explained variance {_ev_text(ev)} "
-                f"(held out {_ev_text(held_ev)})",
-                flush=True,
+                f"(held out {_ev_text(held_ev)})"
             )
     sd = dist_utils.full_state_dict(critic.module, cfg.deepspeed.zero_stage)
     if sd is not None:

@@ -39,6 +39,7 @@ from sao.agent.engines.protocols import Engine
 from sao.agent.engines.registry import InProcessArgs, ServeArgs, engine_spec, make_demonstrator
 from sao.agent.records import Trajectory
 from sao.agent.rollout import episodes_of
+from sao.core.console import say
 from sao.core.jsonl import write_json_atomic, write_text_durably
 from sao.core.paths import resolve_model_path
 from sao.eval.scores import episode_scores, paired_difference, score_table
@@ -225,10 +226,9 @@ def pretrain_value_stage(cfg: Config, model_dir: str, out: Path) -> dict[str, An
         critic=str(out / "value_init"),
     )
     if dist_utils.rank() == 0:
-        print(
+        say(
             f"   value pretraining: held-out explained variance {res['held_out_ev_before']:.3f} -> "
-            f"{res['held_out_ev_after']:.3f} ({len(held)} held-out rollouts, {len(fit)} fit)",
-            flush=True,
+            f"{res['held_out_ev_after']:.3f} ({len(held)} held-out rollouts, {len(fit)} fit)"
         )
     return res
 
@@ -336,7 +336,7 @@ def run_stages(cfg: Config, resume: str | None, train: TrainFn) -> Path:
         else:
             out.mkdir(parents=True, exist_ok=True)
             if rank0:
-                print(f"== stage {i + 1}/{len(cfg.stages)}: {stage} ({out})", flush=True)
+                say(f"== stage {i + 1}/{len(cfg.stages)}: {stage} ({out})")
             c = _with_model(cfg, model)
             cpu0 = _cpu_s()
             res = {}
@@ -371,7 +371,7 @@ def run_stages(cfg: Config, resume: str | None, train: TrainFn) -> Path:
             results.append({**res, "label": res.get("label", label)})
         if rank0 and stage != "eval":
             shown = {k: v for k, v in res.items() if k not in ("stage", "curve")}
-            print(f"   {stage}: " + ", ".join(f"{k} {_fmt(v)}" for k, v in shown.items()), flush=True)
+            say(f"   {stage}: " + ", ".join(f"{k} {_fmt(v)}" for k, v in shown.items()))
     if rank0:
         _report(run_dir, cfg, results, every, time.perf_counter() - t_run)
     return run_dir
@@ -425,7 +425,7 @@ def _report(
     text = f"# {run_dir.name}: stages {cfg.stages}\n\n{table}\n\nwall time {wall_s / 60:.1f} min\n"
     write_text_durably(run_dir / "summary.md", text)
     write_json_atomic(run_dir / "summary.json", {"evals": results, "stages": every, "wall_s": wall_s})
-    print("\n" + table + f"\n\nstaged run finished in {wall_s / 60:.1f} min: {run_dir}/summary.md", flush=True)
+    say("\n" + table + f"\n\nstaged run finished in {wall_s / 60:.1f} min: {run_dir}/summary.md")
     if cfg.run.plot and results:
         plot_stages(run_dir, results)
 

@@ -217,10 +217,9 @@ def run_sft(cfg: Config, run_dir: Path, resume: bool = False) -> dict[str, float
     if dist_utils.rank() == 0:
         run_dir.mkdir(parents=True, exist_ok=True)
         save_config(cfg, run_dir / "config.yaml")
-        print(
+        say(
             f"sao sft: {stats.kept} examples from {stats.records} records ({stats.below_min_reward} below "
-            f"min_reward, {stats.infra_errors} infra errors, {stats.too_long} too long)",
-            flush=True,
+            f"min_reward, {stats.infra_errors} infra errors, {stats.too_long} too long)"
         )
     out = SFTRun(cfg, run_dir, examples, state).run()
     dist_utils.barrier()

@@ -17,7 +17,6 @@ from __future__ import annotations
 import hashlib
 import random
 import re
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -33,7 +32,7 @@ import sao.envs.swe.tasks.audit as audit
 import sao.envs.swe.tasks.fetch as fetch
 import sao.envs.swe.tasks.images as images
 import sao.envs.swe.tasks.instance as instance
-from sao.core.console import eta_text
+from sao.core.console import eta_text, say
 from sao.envs.swe.tasks.mutations import OPERATORS, Mutation, is_valid, mutations
 from sao.envs.swe.tasks.runner import FAILING, BuilderContainer, failure_excerpts
 
@@ -78,7 +77,7 @@ Log = Callable[[str], None]
 
 
 def _stderr(msg: str) -> None:
-    print(f"[sao tasks] {msg}", file=sys.stderr, flush=True)
+    say(f"[sao tasks] {msg}")
 
 
 def _relevant_tests(mut: Mutation, tests: dict[str, str], limit: int) -> list[str]:

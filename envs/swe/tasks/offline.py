@@ -13,7 +13,6 @@ import fcntl
 import hashlib
 import json
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from typing import Any
 # imports this module (an import circle)
 import sao.envs.swe.tasks.fetch as fetch
 import sao.envs.swe.tasks.images as images
+from sao.core.console import say
 from sao.envs.swe.tasks.builder import BuildConfig, build_tasks
 from sao.envs.swe.tasks.instance import HINTS, load_instances, with_location_hint
 from sao.envs.swe.tasks.mutations import OPERATORS
@@ -32,7 +32,7 @@ TASKS_RECIPE_VERSION = "1"
 
 
 def _log(msg: str) -> None:
-    print(f"[sao tasks] {msg}", file=sys.stderr, flush=True)
+    say(f"[sao tasks] {msg}")
 
 
 def ensure_task_images(records: list[dict[str, Any]]) -> None:
