@@ -49,6 +49,9 @@ class SandboxConfig:
             sandbox and so end its own episode as an infra error). bwrap maps it in its user namespace.
         workdir: default working directory of commands (docker: the image's ``WORKDIR`` when ``None``, or the
             user's home ``/home/sao`` when that is ``/``; made the user's at start; bwrap: always ``/work``).
+        owned_paths: more absolute paths made the user's at start, like ``workdir`` (docker only; ``chown -R``
+            when root's; each only when the image has it), e.g. an environment the commands install into. Their
+            copy-up is counted in the disk baseline, not in the episode's ``disk_limit``.
         disk_limit: most bytes an episode may write (e.g. ``"1g"``). Every command runs under ``ulimit -f`` of
             this size (a bigger file is refused by the kernel: ``File too large``); docker also watches the
             container's writable layer and bwrap its ``/work`` (polled every ``disk_check_s``) and kills the
@@ -86,6 +89,7 @@ class SandboxConfig:
     bwrap_ro_binds: tuple[str, ...] = ()
     disk_limit: int | str = "1g"
     disk_check_s: float = 1.0
+    owned_paths: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.backend not in ("docker", "bwrap"):
@@ -131,6 +135,11 @@ class SandboxConfig:
             raise ValueError(f"sandbox.disk_limit: must be at least 1 MiB ('1m'), got {self.disk_limit!r} bytes")
         if not isinstance(self.disk_check_s, int | float) or not 0 < self.disk_check_s <= 60:
             raise ValueError(f"sandbox.disk_check_s: must be seconds in (0, 60], got {self.disk_check_s!r}")
+        self.owned_paths = tuple(self.owned_paths)
+        if not all(isinstance(p, str) and p.startswith("/") and p != "/" for p in self.owned_paths):
+            raise ValueError(
+                f"sandbox.owned_paths: must be absolute paths inside the sandbox (not '/'), got {self.owned_paths!r}"
+            )
         if self.workdir is not None and not self.workdir.startswith("/"):
             raise ValueError(f"sandbox.workdir: must be an absolute path inside the sandbox, got {self.workdir!r}")
 

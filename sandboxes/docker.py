@@ -7,8 +7,9 @@ Commands run as an unprivileged user (``SandboxConfig.user``, default uid:gid 10
 the kernel clears its capabilities at exec, so it cannot signal PID 1 (the init), the container's ``sleep`` or
 anything else root runs, and so cannot stop its own sandbox (``kill -9 -1`` kills only its own processes). Root
 does one thing, before any command: it resolves the user and makes its home and the working directory
-(``SandboxConfig.workdir``, else the image's ``WORKDIR`` unless ``/``, else ``AGENT_HOME``) its own (``chown -R``
-when the image has them root's: the only capability root keeps is ``CHOWN``). ``write_file`` runs as that user too
+(``SandboxConfig.workdir``, else the image's ``WORKDIR`` unless ``/``, else ``AGENT_HOME``) and any
+``SandboxConfig.owned_paths`` the image has its own (``chown -R`` when the image has them root's: the only
+capability root keeps is ``CHOWN``). ``write_file`` runs as that user too
 (through the exec's stdin), so the editor may write only where ``bash`` may. If the container still stops during a
 command while the daemon answers, that is the command's doing: ``SandboxDiedError`` (scored), while a removed
 container or a lost daemon is a ``SandboxError``.
@@ -27,8 +28,9 @@ size limit, merges stderr into stdout, in order, and reports the OOM counter on 
 command's process group is killed
 and the container lives on (``ExecResult(exit_code=124, timed_out=True)``). Something that escaped the process
 group and still holds the output open is killed too, ``kill_grace_s`` later (``kill -9 -1`` as the user). Output
-is read from the exec socket as it comes and capped (head + tail) so a command printing gigabytes costs the host
-``output_cap_bytes``. Containers carry the labels ``sao.owner=sao``, ``sao.owner_pid`` and ``sao.owner_host``;
+is read from the exec's connection as it comes (``exec_start(socket=True)``, docker-py's public handle on it; each
+exec waits for a gate line on its stdin before it prints, so nothing it prints can be caught in the HTTP client's
+buffer) and capped (head + tail) so a command printing gigabytes costs the host ``output_cap_bytes``. Containers carry the labels ``sao.owner=sao``, ``sao.owner_pid`` and ``sao.owner_host``;
 ``reap_orphans()`` removes those whose owner process is gone.
 
 Daemon restarts: a command running when the daemon goes away raises ``SandboxUnavailableError`` (the episode is an
@@ -87,20 +89,32 @@ AGENT_HOME = "/home/sao"  # HOME and default working directory of the commands' 
 # Kept from cap_drop=ALL for root only, and used only by `_PREPARE` at start: commands run as an unprivileged
 # user, whose capabilities the kernel clears at exec (no ambient set, no-new-privileges).
 _ROOT_CAPS = ("CHOWN",)
+# The first thing every exec does: wait for the line `_ExecStream.send_stdin` sends once the exec's stream is ours
+# (see there). `read` takes its input a byte at a time from a socket, so what follows stays for the command.
+_GATE = "IFS= read -r _sao_gate || :"
 # Run as root once at start, before any command: resolve the user, give it its home and the working directory.
-_PREPARE = r"""set -e
+_PREPARE = (
+    _GATE
+    + r"""
+set -e
 case "$1" in *:*) uid=${1%%:*}; gid=${1#*:} ;; *) uid=$(id -u "$1"); gid=$(id -g "$1") ;; esac
 mkdir -p "$2" && chown "$uid:$gid" "$2"
 if [ -n "$3" ]; then
   mkdir -p "$3"
   [ "$(stat -c %u:%g "$3")" = "$uid:$gid" ] || chown -R "$uid:$gid" "$3"
 fi
+shift 3
+for p in "$@"; do
+  [ -e "$p" ] || continue
+  [ "$(stat -c %u:%g "$p")" = "$uid:$gid" ] || chown -R "$uid:$gid" "$p"
+done
 echo "$uid:$gid"
 """
+)
 # Wraps every command: the file size limit (512-byte blocks), stderr into stdout (one ordered stream), then the
 # memory cgroup's OOM-kill counter on the exec's own stderr, which the command no longer holds.
 _WRAPPER = (
-    'ulimit -f "$1" || exit 126; shift; "$@" 2>&1; rc=$?; '
+    _GATE + '; ulimit -f "$1" || exit 126; shift; "$@" 2>&1; rc=$?; '
     "cat /sys/fs/cgroup/memory.events /sys/fs/cgroup/memory/memory.oom_control >&2 2>/dev/null; exit $rc"
 )
 
@@ -152,27 +166,44 @@ def get_client(docker_host: str | None = None) -> Any:
         return client
 
 
-def _raw_socket(sock: Any) -> socket.socket:
-    # exec_start(socket=True) gives a SocketIO for unix sockets, a socket for tcp, an SSLSocket for https.
-    return getattr(sock, "_sock", sock)  # type: ignore[no-any-return]
+class _ExecStream:
+    """The connection of one exec, as ``APIClient.exec_start(socket=True)`` hands it over ("the connection socket to
+    allow custom read/write operations"): a ``SocketIO`` for unix sockets and plain tcp, an SSL socket for https, a
+    channel for ssh. Read and written through their public methods only.
 
+    Every exec made here waits for one line on its stdin before it prints anything (``_GATE``), sent once
+    ``exec_start`` has returned, so no output can arrive with the upgrade response and be buffered out of reach by
+    the HTTP client (seen under load before the gate: a quick command's output lost, "exit 0" with nothing printed)."""
 
-def _buffered_ahead(sock: Any, raw: socket.socket) -> bytes:
-    """Bytes the HTTP client may have read past the upgrade response into its buffer (reading only the raw
-    socket would silently drop them)."""
-    response = getattr(sock, "_response", None)
-    fp = getattr(getattr(getattr(response, "raw", None), "_fp", None), "fp", None)
-    if fp is None or not hasattr(fp, "peek"):
-        return b""
-    old = raw.gettimeout()
-    raw.settimeout(0.0)  # peek() on an empty buffer reads the socket: it must not block
-    try:
-        ahead = fp.peek()
-        return bytes(fp.read1(len(ahead))) if ahead else b""
-    except (BlockingIOError, OSError, ValueError):
-        return b""
-    finally:
-        raw.settimeout(old)
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+
+    def fileno(self) -> int:
+        return int(self.conn.fileno())
+
+    def pending(self) -> int:
+        pending = getattr(self.conn, "pending", None)  # TLS: bytes decrypted and buffered, invisible to poll()
+        return int(pending()) if pending else 0
+
+    def recv(self, n: int) -> bytes | None:
+        """Up to ``n`` bytes; ``b""`` at EOF; ``None`` when nothing is there yet."""
+        recv = getattr(self.conn, "recv", None)
+        return recv(n) if recv else self.conn.read(n)  # type: ignore[no-any-return]
+
+    def send_stdin(self, data: bytes) -> None:
+        """Open the gate, feed ``data`` to the command's stdin, then close it (the command reads EOF after)."""
+        if hasattr(self.conn, "sendall"):  # a socket (TLS included) or an ssh channel
+            self.conn.sendall(b"\n" + data)
+            self.conn.shutdown(socket.SHUT_WR)
+            return
+        # A SocketIO is read-only: a second handle on its connection writes (closing it closes only the handle).
+        with socket.socket(fileno=os.dup(self.fileno())) as conn:
+            conn.sendall(b"\n" + data)
+            conn.shutdown(socket.SHUT_WR)
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.conn.close()
 
 
 class _Framer:
@@ -207,7 +238,7 @@ class _Framer:
             del buf[:8]
 
 
-def pump_frames(sock: socket.socket, framer: _Framer, deadline: float) -> bool:
+def pump_frames(sock: _ExecStream | socket.socket, framer: _Framer, deadline: float) -> bool:
     """Feed the exec stream into ``framer`` until EOF (True) or ``deadline`` (False)."""
     poller = select.poll()
     poller.register(sock, select.POLLIN | select.POLLPRI | select.POLLHUP)
@@ -223,6 +254,8 @@ def pump_frames(sock: socket.socket, framer: _Framer, deadline: float) -> bool:
             continue
         except OSError:
             return True  # the daemon closed the stream abruptly: the exec is over
+        if chunk is None:  # nothing there after all (a non-blocking read)
+            continue
         if not chunk:
             return True
         framer.feed(chunk)
@@ -354,9 +387,10 @@ class DockerSandbox:
         return sb
 
     def _prepare_blocking(self) -> None:
-        """As root, before any command: the user's numeric ids, its home, the working directory made its own."""
+        """As root, before any command: the user's numeric ids, its home, the working directory and
+        ``owned_paths`` made its own."""
         workdir = "" if self.workdir == AGENT_HOME else self.workdir
-        argv = ["sh", "-c", _PREPARE, "prepare", self.cfg.user, AGENT_HOME, workdir]
+        argv = ["sh", "-c", _PREPARE, "prepare", self.cfg.user, AGENT_HOME, workdir, *self.cfg.owned_paths]
         code, out = self._collect_blocking(argv, "0:0", None, timeout=600)
         ids = out.decode(errors="replace").strip().splitlines()
         if code != 0 or not ids or not re.fullmatch(r"\d+:\d+", ids[-1]):
@@ -410,7 +444,7 @@ class DockerSandbox:
         return await run_blocking(self.exec_blocking, cmd, timeout, workdir, env)
 
     def _exec_create(
-        self, argv: list[str], workdir: str | None, env: dict[str, str] | None, user: str, stdin: bool = False
+        self, argv: list[str], workdir: str | None, env: dict[str, str] | None, user: str, stdin: bool = True
     ) -> str:
         try:
             ex = self.client.api.exec_create(self.id, argv, workdir=workdir, environment=env, user=user, stdin=stdin)
@@ -424,13 +458,22 @@ class DockerSandbox:
         except (requests.exceptions.ConnectionError, OSError) as e:
             raise _unavailable(self.cfg.docker_host, e) from e
 
-    def _start_socket(self, exec_id: str) -> Any:
+    def _start_stream(self, exec_id: str, stdin: bytes = b"") -> _ExecStream:
+        """Start the exec, open its gate and feed it ``stdin`` (see ``_ExecStream``)."""
         try:
-            return self.client.api.exec_start(exec_id, socket=True)
+            stream = _ExecStream(self.client.api.exec_start(exec_id, socket=True))
         except docker.errors.APIError as e:
             raise SandboxError(f"container {self.id[:12]} could not start the command: {e.explanation or e}") from e
         except (requests.exceptions.ConnectionError, OSError) as e:
             raise _unavailable(self.cfg.docker_host, e) from e
+        try:
+            # A command that stops reading (refused past the size limit) breaks the pipe: its output says why.
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                stream.send_stdin(stdin)
+        except OSError as e:
+            stream.close()
+            raise _unavailable(self.cfg.docker_host, e) from e
+        return stream
 
     def _user_env(self, env: dict[str, str] | None) -> dict[str, str]:
         return {"HOME": AGENT_HOME, **self.cfg.env, **(env or {})}
@@ -445,25 +488,24 @@ class DockerSandbox:
         argv = ["timeout", "-s", "KILL", f"{timeout:.3f}", "sh", "-c", _WRAPPER, "sh", blocks, *self.cfg.shell, cmd]
         cwd = workdir or self.workdir
         exec_id = self._exec_create(argv, cwd, self._user_env(env), self.cfg.user)
-        sock = self._start_socket(exec_id)
+        stream = self._start_stream(exec_id)
         capper = OutputCapper(self.cfg.output_cap_bytes)
         err = bytearray()
-        raw = _raw_socket(sock)
         framer = _Framer(capper, err)
         forced = False
         try:
-            framer.feed(_buffered_ahead(sock, raw))
-            done = pump_frames(raw, framer, t0 + timeout + self.cfg.kill_grace_s)
+            done = pump_frames(stream, framer, t0 + timeout + self.cfg.kill_grace_s)
             if not done:
                 # Something outlived `timeout` (it left the process group) and holds the output open.
                 forced = True
                 self._kill_all_blocking()
-                done = pump_frames(raw, framer, time.monotonic() + self.cfg.kill_grace_s)
+                done = pump_frames(stream, framer, time.monotonic() + self.cfg.kill_grace_s)
             if not done:
                 raise SandboxError(f"command in container {self.id[:12]} could not be stopped after its timeout")
+        except OSError as e:
+            raise _unavailable(self.cfg.docker_host, e) from e
         finally:
-            with contextlib.suppress(Exception):
-                sock.close()
+            stream.close()
         exit_code = self._exit_code(exec_id)
         duration = time.monotonic() - t0
         if exit_code is None or exit_code == _KILL_EXIT:
@@ -497,26 +539,16 @@ class DockerSandbox:
         self, argv: list[str], user: str, stdin: bytes | None, timeout: float, cap: int = 1 << 20
     ) -> tuple[int | None, bytes]:
         """Run ``argv`` as ``user`` (no wrapper), feeding it ``stdin``; its exit code and (capped) output."""
-        exec_id = self._exec_create(argv, None, self._user_env(None), user, stdin=stdin is not None)
-        sock = self._start_socket(exec_id)
+        exec_id = self._exec_create(argv, None, self._user_env(None), user)
+        stream = self._start_stream(exec_id, stdin or b"")
         capper = OutputCapper(cap)
-        raw = _raw_socket(sock)
         framer = _Framer(capper)
         try:
-            # A quick command's output can arrive with the upgrade response (seen under load: the preparation's
-            # output lost, "exit 0" with nothing printed): take what the HTTP client buffered first.
-            framer.feed(_buffered_ahead(sock, raw))
-            if stdin is not None:
-                # A command that stops reading (refused past the size limit) breaks the pipe: its output says why.
-                with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-                    raw.sendall(stdin)
-                    raw.shutdown(socket.SHUT_WR)  # EOF on the command's stdin
-            done = pump_frames(raw, framer, time.monotonic() + timeout)
+            done = pump_frames(stream, framer, time.monotonic() + timeout)
         except OSError as e:
             raise _unavailable(self.cfg.docker_host, e) from e
         finally:
-            with contextlib.suppress(Exception):
-                sock.close()
+            stream.close()
         if not done:
             raise SandboxError(f"a file operation in container {self.id[:12]} did not finish in {timeout:g} s")
         return self._exit_code(exec_id), capper.data()
@@ -564,7 +596,7 @@ class DockerSandbox:
         with contextlib.suppress(Exception):
             # Root without CAP_KILL cannot signal another uid's processes; the user itself can signal its own.
             argv = ["kill", "-9", "-1"]
-            self.client.api.exec_start(self._exec_create(argv, "/", None, self.cfg.user), detach=True)
+            self.client.api.exec_start(self._exec_create(argv, "/", None, self.cfg.user, stdin=False), detach=True)
 
     # ---- files ---------------------------------------------------------------------------------------------------
     async def read_file(self, path: str) -> str:
@@ -612,7 +644,7 @@ class DockerSandbox:
         await run_blocking(self._write_blocking, path, content.encode("utf-8"))
 
     def _write_blocking(self, path: str, data: bytes) -> None:
-        script = 'ulimit -f "$1" || exit 126; mkdir -p -- "$(dirname -- "$2")" && cat > "$2"'
+        script = _GATE + '; ulimit -f "$1" || exit 126; mkdir -p -- "$(dirname -- "$2")" && cat > "$2"'
         blocks = str(max(1, self.cfg.disk_bytes // 512))
         code, out = self._collect_blocking(["sh", "-c", script, "write", blocks, path], self.cfg.user, data, 120)
         if code == 0:

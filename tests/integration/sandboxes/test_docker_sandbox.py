@@ -268,3 +268,30 @@ async def test_memory_kills_are_told_apart_from_other_kills(docker_cfg: SandboxC
         assert r.exit_code == 137 and not r.oom_killed
         r = await sb.exec("sleep 5", timeout=1)
         assert r.timed_out and not r.oom_killed
+
+
+async def test_quick_commands_never_lose_their_output(docker_cfg: SandboxConfig) -> None:
+    """Output that reached the client with the exec's upgrade response was buffered out of reach (seen under load:
+    "exit 0" with nothing printed); every exec now waits for its gate line before it runs, so none can be."""
+    async with await DockerSandbox.create(docker_cfg) as sb:
+        sem = asyncio.Semaphore(8)
+
+        async def one(i: int) -> ExecResult:
+            async with sem:
+                return await sb.exec(f"echo {i}; cat", timeout=30)  # `cat`: stdin is closed after the gate
+
+        results = await asyncio.gather(*(one(i) for i in range(64)))
+        await sb.write_file("/tmp/data", "line\n" * 3)
+        assert await sb.read_file("/tmp/data") == "line\n" * 3  # stdin after the gate reaches the command whole
+    assert [(r.exit_code, r.output) for r in results] == [(0, f"{i}\n") for i in range(64)]
+
+
+async def test_owned_paths_become_the_users_at_start(docker_cfg: SandboxConfig) -> None:
+    """``owned_paths`` (the SWE grader's conda env of official images) are made the commands' user's, like the
+    working directory; a path the image lacks is skipped."""
+    cfg = SandboxConfig(**{**docker_cfg.__dict__, "owned_paths": ("/usr/local/lib", "/not/in/this/image")})
+    async with await DockerSandbox.create(cfg) as sb:
+        r = await sb.exec("touch /usr/local/lib/x && stat -c %u /usr/local/lib/x; ls /not 2>&1", timeout=10)
+        assert r.output.startswith("1000\n") and "No such file" in r.output, r.output
+    async with await DockerSandbox.create(docker_cfg) as sb:
+        assert (await sb.exec("touch /usr/local/lib/x", timeout=10)).exit_code != 0
