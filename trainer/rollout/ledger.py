@@ -3,8 +3,12 @@
 Lines (JSON, fsynced):
 - ``{"type": "trajectory", "uid", "seq", "task_index", "status", "arrived_version", "trajectory": {...}}``
 - ``{"type": "event", "uid", "event": "trained" | "dropped_stale", "step", "version"}``
-- ``{"type": "resume", "from_step"}``: a run resumed from the checkpoint of ``from_step``; events of later steps
-  written before it belong to the lost branch and are void (their trajectories are pending again).
+- ``{"type": "resume", "from_step", "from_version", "next_version"}``: a run resumed from the checkpoint of
+  ``from_step`` (policy version ``from_version``); events of later steps written before it belong to the lost branch
+  and are void (their trajectories are pending again). The resumed run goes on under version ``next_version``, one
+  above every version the file shows, an alias of ``from_version`` (``sao.trainer.rollout.versions``): versions are
+  never reused, so a pending trajectory of the lost branch keeps its true lag. A resume record written before these
+  two fields existed aliases nothing (that run reused its versions).
 
 ``accounting`` replays the file: each trajectory has exactly one final state (trained, dropped_stale,
 infra_error or pending), so ``generated = trained + dropped_stale + infra_error + pending`` holds by construction
@@ -47,8 +51,11 @@ class Ledger:
     def event(self, uids: list[str], event: str, step: int, version: int) -> None:
         self._out.append(*({"type": "event", "uid": u, "event": event, "step": step, "version": version} for u in uids))
 
-    def resume(self, from_step: int) -> None:
-        self._write({"type": "resume", "from_step": from_step})
+    def resume(self, from_step: int, from_version: int | None = None, next_version: int | None = None) -> None:
+        rec: dict[str, Any] = {"type": "resume", "from_step": from_step}
+        if from_version is not None and next_version is not None:
+            rec.update(from_version=from_version, next_version=next_version)
+        self._write(rec)
 
     def close(self) -> None:
         self._out.close()
@@ -65,14 +72,32 @@ class Accounting:
     pending_uids: list[str] = field(default_factory=list)
     max_seq: int = -1
     max_task_index: int = -1
+    max_version: int = 0  #: the highest policy version the run ever used, lost branches included
+    aliases: dict[int, int] = field(default_factory=dict)  #: resumes' ``next_version`` -> ``from_version``
 
     def balanced(self) -> bool:
         return self.generated == self.trained + self.dropped_stale + self.infra_error + self.pending
 
 
-def replay(path: str | Path) -> tuple[Accounting, dict[str, dict[str, Any]]]:
+def _versions(rec: dict[str, Any]) -> list[int]:
+    """The policy versions a ledger line shows as used: a trajectory's sampling versions and arrival version, an
+    event's version (and, after a trained step, the next one: the step made it), a resume's new version."""
+    kind = rec.get("type")
+    if kind == "trajectory":
+        sampled = [g.get("policy_version") for g in rec["trajectory"].get("segments") or []]
+        return [int(rec.get("arrived_version", 0))] + [int(v) for v in sampled if v is not None]
+    if kind == "event":
+        return [int(rec["version"]) + (rec["event"] == "trained")]
+    if kind == "resume" and "next_version" in rec:
+        return [int(rec["next_version"])]
+    return []
+
+
+def replay(path: str | Path, resume_from: int | None = None) -> tuple[Accounting, dict[str, dict[str, Any]]]:
     """Replay trajectories.jsonl; returns the accounting and the pending trajectory records by uid (in order).
-    A torn last line (a kill mid-write) is ignored; the ledger's next append sets it aside (``sao.core.jsonl``)."""
+    ``resume_from``: replay as if a resume from that step's checkpoint followed the last line (what a resuming run
+    needs before it writes its resume record, which names ``max_version + 1``). A torn last line (a kill mid-write) is
+    ignored; the ledger's next append sets it aside (``sao.core.jsonl``)."""
     acc = Accounting()
     records: dict[str, dict[str, Any]] = {}
     events: list[tuple[str, str, int]] = []  # (uid, event, step)
@@ -82,6 +107,7 @@ def replay(path: str | Path) -> tuple[Accounting, dict[str, dict[str, Any]]]:
     fix = "the run's ledger is damaged before its last line; restore it or start a new run.dir"
     for _, rec in iter_jsonl(p, torn_tail_ok=True, fix=fix):
         kind = rec.get("type")
+        acc.max_version = max(acc.max_version, *_versions(rec), 0)
         if kind == "trajectory":
             records[rec["uid"]] = rec
             acc.max_seq = max(acc.max_seq, int(rec["seq"]))
@@ -91,6 +117,10 @@ def replay(path: str | Path) -> tuple[Accounting, dict[str, dict[str, Any]]]:
         elif kind == "resume":
             cut = int(rec["from_step"])
             events = [e for e in events if e[2] <= cut]
+            if "next_version" in rec:
+                acc.aliases[int(rec["next_version"])] = int(rec["from_version"])
+    if resume_from is not None:
+        events = [e for e in events if e[2] <= resume_from]
     trained_count: dict[str, int] = {}
     final: dict[str, str] = {}
     for uid, ev, _ in events:

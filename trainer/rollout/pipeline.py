@@ -33,6 +33,7 @@ from typing import Any, Protocol
 from sao.agent.records import Trajectory
 from sao.agent.rollout import Episode, infra_error_trajectory, task_id_of
 from sao.trainer.rollout.ledger import Ledger
+from sao.trainer.rollout.versions import Lineage
 from sao.trainer.runs.stopping import InfraStreak, RolloutsLost
 
 
@@ -101,7 +102,9 @@ class Coordinator:
         sync_every: int = 1,
         batch_size: int = 0,
         infra_stall_s: float = 0.0,
+        lineage: Lineage | None = None,
     ) -> None:
+        """``lineage``: the run's versions across its resumes (a resumed run's, from its ledger), for true lags."""
         if staleness_policy not in STALENESS_POLICIES:
             raise ValueError(f"staleness_policy must be one of {STALENESS_POLICIES}, got {staleness_policy!r}")
         self.runner = runner
@@ -110,6 +113,7 @@ class Coordinator:
         self.group_size, self.synchronous = group_size, synchronous
         self.cursor, self.seq = cursor, seq
         self.version = 0
+        self.lineage = lineage or Lineage()
         self.buffer: deque[Item] = deque()
         self.counters = Counters()
         self._in_flight = 0
@@ -128,12 +132,20 @@ class Coordinator:
     def start(self) -> None:
         self._main = asyncio.create_task(self._produce())
 
-    def restore(self, records: list[dict[str, Any]]) -> None:
-        """Put pending trajectories (from a resumed run's ledger) back into the buffer, in arrival order."""
+    def restore(self, records: list[dict[str, Any]], step: int = 0) -> None:
+        """Put pending trajectories (from a resumed run's ledger) back into the buffer, in arrival order, each at its
+        true lag along ``lineage`` (a trajectory of the branch the resume discarded included). One already staler
+        than ``max_staleness`` can never be trained within the bound, under either policy: it is dropped at ``step``
+        (counted and recorded)."""
         for rec in records:
             traj = Trajectory.from_dict(rec["trajectory"])
-            oldest = traj.oldest_policy_version
-            self.buffer.append(Item(rec["uid"], traj, self.version if oldest is None else oldest))
+            lag = self.lag(traj)
+            if lag > self.max_staleness:
+                self.counters.dropped_stale += 1
+                self.ledger.event([rec["uid"]], "dropped_stale", step, self.version)
+                continue
+            # the start as a version of the current branch: later lags are plain differences from it
+            self.buffer.append(Item(rec["uid"], traj, self.version - lag))
 
     def _start_version(self) -> int:
         """A lower bound of the weights' version an episode starting now samples with: the trainer's version is
@@ -248,8 +260,9 @@ class Coordinator:
         self._changed.set()
 
     def lag(self, traj: Trajectory) -> int:
+        """Policy updates between the oldest weights that sampled ``traj`` and the current ones (``lineage``)."""
         oldest = traj.oldest_policy_version
-        return 0 if oldest is None else max(0, self.version - oldest)
+        return 0 if oldest is None else self.lineage.distance(oldest, self.version)
 
     async def next_batch(self, n: int, step: int) -> list[Item]:
         """The next ``n`` trajectories (waits until they exist). ``drop``: stale ones are dropped and logged;

@@ -32,6 +32,7 @@ from sao.trainer.rollout.env_tasks import load_env_tasks
 from sao.trainer.rollout.ledger import Ledger, replay
 from sao.trainer.rollout.pipeline import Coordinator, Item, TaskSource
 from sao.trainer.rollout.rollout_stack import episode_runner
+from sao.trainer.rollout.versions import Lineage
 from sao.trainer.runs.commands import Command, Export, PushWeights, Save, Saved, Stop, Train
 from sao.trainer.runs.metrics import MetricsWriter, plot_run
 from sao.trainer.runs.progress import TrainProgress
@@ -342,10 +343,15 @@ class Trainer:
         cfg, t, spec = self.cfg, self.cfg.trainer, self.cfg.algorithm
         ledger = Ledger(self.run_dir / "trajectories.jsonl")
         metrics = MetricsWriter(self.run_dir, cfg.run.tensorboard, cfg.run.wandb_project)
+        acc, pending = replay(ledger.path, resume_from=None if self.state is None else self.step)
+        lineage = Lineage(acc.aliases)
         if self.state is not None:
-            ledger.resume(self.step)
+            # versions are never reused: the restored weights go on under an id above every one the run used, so
+            # a pending trajectory of the discarded branch keeps its true lag (sao.trainer.rollout.versions)
+            resumed, self.version = self.version, max(acc.max_version, self.version) + 1
+            lineage = Lineage({**acc.aliases, self.version: resumed})
+            ledger.resume(self.step, resumed, self.version)
             metrics.truncate_after(self.step)
-        acc, pending = replay(ledger.path)
         engine = self._make_engine()
         if self.state is not None and self.version > 0:
             await self._sync_weights(engine)
@@ -369,9 +375,10 @@ class Trainer:
             infra_stall_s=cfg.rollout.infra_stall_s,
             cursor=max(int(self.state["cursor"]) if self.state else 0, acc.max_task_index + 1),
             seq=acc.max_seq + 1,
+            lineage=lineage,
         )
         coord.version = self.version
-        coord.restore(list(pending.values()))
+        coord.restore(list(pending.values()), self.step)
         coord.counters.generated, coord.counters.trained = acc.generated, acc.trained
         coord.counters.dropped_stale, coord.counters.infra_error = acc.dropped_stale, acc.infra_error
         if coord.synchronous:

@@ -85,8 +85,32 @@ def test_kill9_and_resume_keeps_the_books(tmp_path: Path) -> None:
     state = json.loads(
         (run / "checkpoints" / (run / "checkpoints/latest").read_text() / "trainer_state.json").read_text()
     )
-    assert state["step"] == 5 and state["version"] == 5
+    resumed = _resumed_versions_never_reused(run / "trajectories.jsonl")
+    assert state["step"] == 5 and state["version"] == resumed + 3  # steps 3, 4 and 5 after the resume
     assert (run / "final/actor/model.safetensors").exists()
+
+
+def _resumed_versions_never_reused(ledger: Path) -> int:
+    """The resumed run went on under a version above every one the killed run used (its lost branch included), and
+    everything it trained, lost-branch trajectories too, was within the bound (toy: 2) at its true lag."""
+    from sao.agent.records import Trajectory
+    from sao.trainer.rollout.ledger import replay
+    from sao.trainer.rollout.versions import Lineage
+
+    lines = [json.loads(x) for x in ledger.read_text().splitlines()]
+    at = next(i for i, r in enumerate(lines) if r["type"] == "resume")
+    resume = lines[at]
+    used = [s["policy_version"] for r in lines[:at] if r["type"] == "trajectory"
+            for s in r["trajectory"]["segments"] if s["policy_version"] is not None]  # fmt: skip
+    used += [r["version"] + 1 for r in lines[:at] if r["type"] == "event" and r["event"] == "trained"]
+    assert resume["from_step"] == 2 and resume["from_version"] == 2 and resume["next_version"] > max(used)
+    acc, _ = replay(ledger)
+    line = Lineage(acc.aliases)
+    trajs = {r["uid"]: Trajectory.from_dict(r["trajectory"]) for r in lines if r["type"] == "trajectory"}
+    lags = [line.distance(trajs[r["uid"]].oldest_policy_version or 0, r["version"])
+            for r in lines[at:] if r["type"] == "event" and r["event"] == "trained"]  # fmt: skip
+    assert len(lags) == 3 * 8 and max(lags) <= 2, lags
+    return int(resume["next_version"])
 
 
 def test_resume_with_another_config_is_refused(tmp_path: Path) -> None:
