@@ -19,7 +19,7 @@ from typing import Any
 from sao.agent.engines.openai_chat import ChatReply
 from sao.sandboxes.config import PoolConfig, SandboxConfig
 from sao.sandboxes.docker import OWNER_PID_LABEL, DockerSandbox, get_client, run_blocking
-from sao.sandboxes.images import ensure_base_image
+from sao.sandboxes.images import require_base_image
 from sao.sandboxes.pool import WarmPool, warm_pools
 
 GOAL_EXEC_RATIO = 1.2
@@ -245,7 +245,7 @@ async def bench_bwrap(n: int) -> dict[str, Any]:
 
 
 async def run_all(n: int, episodes: int, commands: int, pool_size: int, load: int) -> dict[str, Any]:
-    image = await run_blocking(ensure_base_image)
+    image = await run_blocking(require_base_image)
     cfg = SandboxConfig(image=image, mem_limit="512m", cpus=1.0, pids_limit=256)
     results: dict[str, Any] = {
         "machine": {"platform": platform.platform(), "python": platform.python_version(), "load": os.getloadavg()},

@@ -68,11 +68,11 @@ import docker.errors
 import requests
 
 from sao.core.retry import RetryError, poll_until
+from sao.sandboxes.base_image import base_image_tag, missing_image
 from sao.sandboxes.config import SandboxConfig
 from sao.sandboxes.output import OutputCapper
 from sao.sandboxes.protocols import (
     ExecResult,
-    ImageNotFoundError,
     SandboxDiedError,
     SandboxError,
     SandboxUnavailableError,
@@ -315,11 +315,7 @@ class DockerSandbox:
     def _create_once(cls, cfg: SandboxConfig, labels: dict[str, str] | None) -> DockerSandbox:
         client = get_client(cfg.docker_host)
         _remove_pending(client, _host_key(cfg.docker_host))
-        image = cfg.image
-        if image is None:
-            from sao.sandboxes.base_image import ensure_base_image
-
-            image = ensure_base_image()
+        image = cfg.image or base_image_tag()
         all_labels = {
             OWNER_LABEL: "sao",
             OWNER_PID_LABEL: str(os.getpid()),
@@ -352,10 +348,7 @@ class DockerSandbox:
                 stop_signal="SIGKILL",
             )
         except docker.errors.ImageNotFound as e:
-            raise ImageNotFoundError(
-                f"image {image!r} is not on the Docker host; build it with sao.sandboxes.images.build_task_image "
-                "(or `python -m sao.core.setup image` for the base image)"
-            ) from e
+            raise missing_image(image) from e
         except docker.errors.APIError as e:
             raise SandboxError(f"could not create a container from {image!r}: {e.explanation or e}") from e
         except (requests.exceptions.ConnectionError, OSError) as e:

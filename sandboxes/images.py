@@ -1,12 +1,13 @@
 """Offline images: the base image, and task images built from it with no network, cached by a content hash.
 
-Use from a task builder (e.g. ``envs/swe``)::
+The base image is made by ``python -m sao.core.setup image`` (``bash scripts/setup.sh``); here it is only looked up
+(``require_base_image``: its tag, or an error naming that command). Use from a task builder (e.g. ``envs/swe``)::
 
-    from sao.sandboxes.images import build_task_image, ensure_base_image, pip_offline_lines
+    from sao.sandboxes.images import build_task_image, pip_offline_lines, require_base_image
 
     tag = build_task_image(
         "sao-task-click",                      # repository part of the tag
-        ensure_base_image(),                   # FROM this image (any local tag)
+        require_base_image(),                  # FROM this image (any local tag)
         {"repo": Path("/path/to/click"),       # context path -> host dir / host file / bytes
          "wheels": Path("/path/to/wheels"),
          "setup.sh": b"cd /testbed && git init -q ...\n"},
@@ -37,7 +38,8 @@ from typing import Any
 import docker.errors
 import requests
 
-from sao.sandboxes.base_image import ensure_base_image as ensure_base_image  # exported here too (callers, the docs)
+from sao.core.base_image import BASE_IMAGE_NAME
+from sao.sandboxes.base_image import base_image_tag, missing_image
 from sao.sandboxes.docker import get_client
 from sao.sandboxes.protocols import ImageNotFoundError, SandboxError
 
@@ -56,15 +58,22 @@ def image_exists(tag: str, docker_host: str | None = None) -> bool:
         return False
 
 
+def require_base_image(docker_host: str | None = None) -> str:
+    """The tag of the offline base image when the Docker host has it; else an ``ImageNotFoundError`` naming the
+    setup step that makes it (runtime code never builds it)."""
+    tag = base_image_tag()
+    if not image_exists(tag, docker_host):
+        raise missing_image(tag)
+    return tag
+
+
 def ensure_image(tag: str, docker_host: str | None = None, pull: bool = True) -> str:
-    """Make sure ``tag`` is on the daemon: present, the base image (imported offline), or pulled.
-    ``ImageNotFoundError`` says which of the three failed and how to build the image instead."""
+    """Make sure ``tag`` is on the daemon: present, or pulled. The base image is never pulled: its absence is an
+    ``ImageNotFoundError`` naming the setup step; other failures say how to build the image instead."""
     if image_exists(tag, docker_host):
         return tag
-    from sao.core.setup import BASE_IMAGE_NAME
-
-    if tag.split(":")[0] == BASE_IMAGE_NAME:
-        return ensure_base_image()
+    if tag.split(":")[0] == BASE_IMAGE_NAME:  # on no registry: made by the setup step
+        raise missing_image(tag)
     pull_error = "pulling disabled"
     if pull:
         try:
@@ -217,7 +226,7 @@ def build_task_image(
 ) -> str:
     """A task image ``FROM base`` with ``dockerfile_lines`` after it (COPY paths refer to ``context_files`` keys).
     Same contract as ``build_image``; typical lines: ``COPY repo /testbed``, ``pip_offline_lines(...)``,
-    ``WORKDIR /testbed``. Base image: ``ensure_base_image()``."""
+    ``WORKDIR /testbed``. Base image: ``require_base_image()``."""
     text = "\n".join([f"FROM {base}", *dockerfile_lines]) + "\n"
     return build_image(name_prefix, text, context_files, docker_host)
 

@@ -26,9 +26,15 @@ def build_cmd(
     """Build offline SWE-bench-format tasks: real sdist, its test suite, AST-injected bugs, images built offline."""
     import time
 
+    from sao.core.setup import SetupError, ensure_base_image
     from sao.envs.swe.tasks import BuildConfig, build_tasks
 
     t0 = time.monotonic()
+    try:  # the one command allowed to install: the Docker engine and the base image its tasks build on
+        ensure_base_image()
+    except SetupError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from e
     try:
         cfg = BuildConfig(
             sdists=sdist,

@@ -1,13 +1,14 @@
-"""Idempotent machine setup steps (Docker engine, offline base image, SmolLM2, DeepSpeed ops).
+"""Idempotent machine setup steps (Docker engine, offline base image, SmolLM2, DeepSpeed ops): the only code that
+installs. Run as ``python -m sao.core.setup [docker|image|model|ds-ops|all]`` (``bash scripts/setup.sh`` runs them
+all); the test fixtures and ``sao tasks build`` call the same functions. Runtime code never imports this module: what
+it lacks (a daemon, the base image) is an error naming the step here that makes it.
 
-Run as ``python -m sao.core.setup [docker|image|model|ds-ops|all]``; the test fixtures call the same functions.
 Every step checks what already exists first, keeps its products in the cache folder (``$SAO_CACHE``), and on a
 step that cannot work stops with a ``SetupError`` naming the step and what to do.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import subprocess
@@ -18,14 +19,15 @@ import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
+from sao.core.base_image import (
+    BASE_DOCKERFILE_TAIL,
+    BASE_IMAGE_NAME,
+    BASE_PACKAGES,
+    BASE_SUITE,
+    base_image_recipe_hash,
+    base_image_tag,
+)
 from sao.core.paths import cache_dir, smollm2_dir, torch_extensions_dir
-
-BASE_IMAGE_NAME = "sao-base"
-# The recipe of the offline base image; its hash names the tarball and the tag, so a change rebuilds it.
-BASE_PACKAGES = "python3,python3-venv,python3-pip,git,ca-certificates,patch,procps"
-BASE_SUITE = "bookworm"
-# Applied by a two-line `docker build` on top of the imported rootfs (`docker import --change` refuses STOPSIGNAL).
-BASE_DOCKERFILE_TAIL = ("STOPSIGNAL SIGKILL", 'CMD ["sleep", "infinity"]', "ENV LANG=C.UTF-8", "WORKDIR /")
 
 
 class SetupError(RuntimeError):
@@ -113,16 +115,6 @@ def ensure_docker(timeout: float = 60.0) -> None:
         f"{timeout:.0f}s and was stopped; see {log_path}. Check that this user may run dockerd "
         f"(root), that /var/lib/docker has disk space, and that no other daemon holds /var/run/docker.sock.\n{tail}"
     )
-
-
-def base_image_recipe_hash() -> str:
-    recipe = "|".join([BASE_SUITE, "minbase", BASE_PACKAGES, *BASE_DOCKERFILE_TAIL])
-    return hashlib.sha256(recipe.encode()).hexdigest()[:12]
-
-
-def base_image_tag() -> str:
-    """The tag of the offline base image for the current recipe, e.g. ``sao-base:3f2a...``."""
-    return f"{BASE_IMAGE_NAME}:{base_image_recipe_hash()}"
 
 
 def _image_exists(tag: str) -> bool:

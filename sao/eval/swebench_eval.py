@@ -32,6 +32,7 @@ from sao.eval.common import (
     write_json,
 )
 from sao.eval.harness import grade_with_harness, load_predictions
+from sao.sandboxes.protocols import SandboxError
 
 OFFLINE_ALIAS = "offline"
 
@@ -70,7 +71,10 @@ def load_swe_dataset(dataset: str, instances: tuple[str, ...] = (), split: str =
     if dataset == OFFLINE_ALIAS:
         from sao.envs.swe.tasks import ensure_offline_tasks
 
-        records = ensure_offline_tasks()
+        try:
+            records = ensure_offline_tasks()
+        except SandboxError as e:  # no daemon or no base image: the message names the setup step
+            raise EvalError(f"the offline tasks need Docker and the offline base image: {e}") from e
     elif path.exists() or path.suffix in (".json", ".jsonl", ".parquet"):
         if path.suffix == ".parquet" and path.exists():
             from datasets import load_dataset

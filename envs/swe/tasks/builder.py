@@ -35,6 +35,8 @@ import sao.envs.swe.tasks.instance as instance
 from sao.core.console import eta_text, say
 from sao.envs.swe.tasks.mutations import OPERATORS, Mutation, is_valid, mutations
 from sao.envs.swe.tasks.runner import FAILING, BuilderContainer, failure_excerpts
+from sao.sandboxes.docker import get_client
+from sao.sandboxes.images import require_base_image
 
 
 @dataclass
@@ -184,12 +186,10 @@ def _record(spec: fetch.SdistSpec, task_image: str, base_commit: str, found: _Fo
 
 def _repo_image(spec: fetch.SdistSpec, cfg: BuildConfig, log: Log, t0: float) -> str:
     """The package's repo image: its sdist and wheels fetched, the image built on the offline base image."""
-    from sao.core.setup import ensure_base_image
-
     sdist = fetch.fetch_sdist(spec)
     wheels = fetch.fetch_wheels(spec, sdist, cfg.extra_test_deps)
     test_deps = [*fetch.ALWAYS_TEST_DEPS, *fetch.KNOWN_TEST_DEPS.get(spec.name, []), *cfg.extra_test_deps]
-    repo_image = images.ensure_repo_image(spec, sdist, wheels, ensure_base_image(), test_deps)
+    repo_image = images.ensure_repo_image(spec, sdist, wheels, require_base_image(), test_deps)
     log(f"{spec}: repo image {repo_image} ready ({time.monotonic() - t0:.0f}s)")
     return repo_image
 
@@ -318,12 +318,12 @@ def _head_of(client: Any, image: str) -> str:
 
 
 def build_tasks(cfg: BuildConfig, log: Log = _stderr) -> list[dict[str, Any]]:
-    """Build ``cfg.bugs`` validated tasks for each sdist in ``cfg.sdists`` (appending to ``cfg.out`` as made)."""
+    """Build ``cfg.bugs`` validated tasks for each sdist in ``cfg.sdists`` (appending to ``cfg.out`` as made). Needs a
+    Docker daemon and the offline base image (``sao tasks build`` makes both first: ``sao.core.setup``); a missing one
+    is an error naming the setup step."""
     import docker
 
-    from sao.core.setup import ensure_docker
-
-    ensure_docker()
+    get_client()  # a daemon that does not answer: SandboxUnavailableError naming the setup step that starts one
     client = docker.from_env(timeout=1800)
     try:
         out: list[dict[str, Any]] = []

@@ -25,6 +25,7 @@ from sao.core.console import say
 from sao.envs.swe.tasks.builder import BuildConfig, build_tasks
 from sao.envs.swe.tasks.instance import HINTS, load_instances, with_location_hint
 from sao.envs.swe.tasks.mutations import OPERATORS
+from sao.sandboxes.images import require_base_image
 
 # The two fastest suites among the offline sdists measured here (six: ~2 s, toolz: ~5 s for the whole suite).
 DEFAULT_PACKAGES = ("six==1.17.0", "toolz==1.2.0")
@@ -36,9 +37,8 @@ def _log(msg: str) -> None:
 
 
 def ensure_task_images(records: list[dict[str, Any]]) -> None:
-    """Rebuild any missing image of our offline ``records`` from the cached sdists/wheels (no-op when present)."""
-    from sao.core.setup import ensure_base_image
-
+    """Rebuild any missing image of our offline ``records`` from the cached sdists/wheels (no-op when present), on
+    the offline base image (``require_base_image``: made by the setup step, an error naming it when missing)."""
     for rec in records:
         if images.image_exists(rec["image"]):
             continue
@@ -52,7 +52,7 @@ def ensure_task_images(records: list[dict[str, Any]]) -> None:
         sdist = fetch.fetch_sdist(spec)
         wheels = fetch.fetch_wheels(spec, sdist)
         deps = [*fetch.ALWAYS_TEST_DEPS, *fetch.KNOWN_TEST_DEPS.get(spec.name, [])]
-        repo = images.ensure_repo_image(spec, sdist, wheels, ensure_base_image(), deps)
+        repo = images.ensure_repo_image(spec, sdist, wheels, require_base_image(), deps)
         if repo != meta["repo_image"]:
             raise RuntimeError(
                 f"task {rec['instance_id']}: its repo image was {meta['repo_image']} but this machine builds {repo} "
