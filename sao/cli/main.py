@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from sao.cli import bench, collect, envs_cmd, eval_cmd, serve, sft, tasks, train
+from sao.cli import bench, collect, envs_cmd, eval_cmd, export, serve, sft, tasks, train
 
 app = typer.Typer(
     name="sao",
@@ -20,6 +20,7 @@ app.add_typer(eval_cmd.app, name="eval", help="Evaluate a model: SWE-bench Verif
 app.add_typer(envs_cmd.app, name="envs", help="List and check the registered environments.")
 app.add_typer(tasks.app, name="tasks", help="Build offline SWE-bench-format tasks from PyPI sdists.")
 app.add_typer(bench.app, name="bench", help="Benchmarks: algos, sandbox, engine, throughput, learning.")
+app.add_typer(export.app, name="export", help="Export a run's trajectories: ATIF, token ids and logprobs included.")
 serve.register(app)
 
 if __name__ == "__main__":
