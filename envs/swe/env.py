@@ -3,9 +3,11 @@
 An episode: a DockerSandbox (no network) from the instance's image, the repo at ``/testbed``; the user message is
 the problem statement; the tools are ``bash``, ``str_replace_editor`` and ``submit``. On ``submit`` (or when a
 limit ends the episode) the env takes ``git diff`` of the repo against ``base_commit`` (new files included, test
-files excluded), runs the instance's eval script in a FRESH container from the same image with that patch applied
-(``sao.envs.swe.grading.grade_patch``) and grades the log with ``swebench.harness.grading.get_eval_report``.
-Reward 1.0 if resolved else 0.0; ``info["report"]`` is the swebench report of the instance plus the graded patch.
+files excluded), runs the instance's eval script in a FRESH sandbox from the same image with that patch applied,
+confined by the env's own sandbox config (``sao.envs.swe.grading.grade_patch_async``: unprivileged user, pids,
+disk, CPU and memory limits, no network) and grades the log with ``swebench.harness.grading.get_eval_report``.
+Reward 1.0 if resolved else 0.0; ``info["report"]`` is the swebench report of the instance plus the graded patch,
+and ``failure`` / ``reason`` when the patch's run ended badly (timeout, fork bomb, memory, disk: a scored failure).
 A Docker failure (sandbox or grader) ends the episode with ``info["infra_error"]``, never a reward of 0.
 
 No reachable fix: our offline task images hold a one-commit repository and no copy of the package's original source
@@ -54,19 +56,14 @@ import numpy as np
 
 from sao.envs.base import Grade, ToolEnv, Turn
 from sao.envs.protocols import Tool
+from sao.envs.swe.grading import PATH, REPO_DIR, GradingInfraError, default_sandbox, grade_patch_async
 from sao.envs.tools.bash import BashTool
 from sao.envs.tools.editor import EditorTool
 from sao.envs.tools.submit import SubmitTool
 from sao.sandboxes.config import SandboxConfig
 from sao.sandboxes.protocols import ImageNotFoundError, Sandbox, SandboxError
 
-REPO_DIR = "/testbed"
 PATCH_FILE = "/tmp/sao_model.patch"
-# Our images keep deps in /opt/venv, official SWE-bench images in the conda env "testbed": both go first on PATH.
-PATH = (
-    "/opt/venv/bin:/opt/miniconda3/envs/testbed/bin:/opt/miniconda3/bin:"
-    "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-)
 TEST_PATHSPECS = (
     ":(glob,exclude)**/tests/**",
     ":(glob,exclude)**/test/**",
@@ -151,7 +148,7 @@ class SWEEnv(ToolEnv):
         else:
             self._tasks = [validate_instance(t) for t in tasks]
         if sandbox is None:
-            sandbox = SandboxConfig(backend="docker", mem_limit="4g", cpus=2.0, pids_limit=1024)
+            sandbox = default_sandbox()
         elif isinstance(sandbox, dict):
             from sao.sandboxes.factory import sandbox_config_from_dict
 
@@ -261,19 +258,16 @@ class SWEEnv(ToolEnv):
         return await self._sandbox.read_file(PATCH_FILE)
 
     async def _grade_repo(self) -> Grade:
-        from sao.envs.swe.grading import GradingInfraError, grade_patch
-
         assert self._task is not None
         patch = await self.current_patch()
         task = self._graded_task(self._task)
         try:
-            result = await asyncio.to_thread(
-                grade_patch, task, patch, timeout=self.grade_timeout_s, docker_host=self.sandbox_cfg.docker_host
-            )
+            result = await grade_patch_async(task, patch, timeout=self.grade_timeout_s, sandbox=self.sandbox_cfg)
         except GradingInfraError as e:
             raise SandboxError(str(e)) from e
         report = dict(result.report.get(task["instance_id"], {}))
         report.update({"instance_id": task["instance_id"], "model_patch": patch, "grading_s": result.seconds})
+        report.update(result.extra)  # why the patch's run failed (timeout, memory, disk, ...), when it did
         if self.pass_to_pass_sample is not None:
             report["pass_to_pass_sampled"] = len(task["PASS_TO_PASS"])
         return Grade(reward=1.0 if result.resolved else 0.0, solved=result.resolved, report=report)

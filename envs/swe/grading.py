@@ -1,28 +1,58 @@
-"""Grade a patch on a SWE-bench-format instance the way the official harness does, in a fresh container.
+"""Grade a patch on a SWE-bench-format instance the way the official harness does, in a fresh confined sandbox.
 
-Steps (mirroring ``swebench.harness.run_evaluation.run_instance``): start a container from the instance image,
-apply the patch with the harness's ``git apply`` / ``patch`` fallbacks, run the spec's eval script, and grade the
-log with ``swebench.harness.grading.get_eval_report``. Differences on purpose: the container has no network
-(the harness gives bridge networking and SYS_ADMIN), and Docker failures raise ``GradingInfraError`` instead of
-being logged, so callers can tell "the infrastructure broke" from "the patch is wrong".
+Steps (mirroring ``swebench.harness.run_evaluation.run_instance``): a fresh sandbox of the instance image, the patch
+applied with the harness's ``git apply`` / ``patch`` fallbacks, the spec's eval script run, the log graded with
+``swebench.harness.grading.get_eval_report``.
+
+The patch's code runs here (pytest imports it) on every reward, so the grader is confined like the agent's own
+sandbox: it is made by the sandbox layer (``make_sandbox``) from the env's ``SandboxConfig`` (``grader_sandbox``):
+no network, every capability dropped, ``no-new-privileges``, the pids limit, the disk bound, CPU and memory of
+that config, and the patch is applied and the eval script run as its unprivileged user (uid 1000 by default,
+``HOME`` its own). Root does only the sandbox's own start, before anything of the patch exists in the container:
+it makes ``/testbed`` the user's (the eval script runs git there) and, in images made elsewhere, the conda env
+``testbed`` (``CONDA_ENV``: SWE-bench eval scripts reinstall the package into it). The log goes to a file the daemon
+reads back (no output cap; ``read_limit_bytes`` bounds it). Differences from the harness on purpose: no network
+(the harness gives bridge networking and SYS_ADMIN) and no root.
+
+Whose failure is it: whatever the patch can cause (the eval run times out, a fork bomb fills the pids limit until
+the timeout, a process is killed for memory, the files written pass the disk bound, the container dies, the log is
+gone or too big, the patch itself is over the disk bound) is an unresolved grade, with ``extra["failure"]`` and
+``extra["reason"]`` saying what happened. Only what the patch cannot cause (the daemon unreachable, the image
+missing, the container removed from outside, the sandbox failing before the patch existed in it) raises
+``GradingInfraError``, so callers can tell "the infrastructure broke" from "the patch is wrong".
 """
 
 from __future__ import annotations
 
-import os
+import asyncio
+import dataclasses
+import errno
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sao.sandboxes.docker import tar_one
+from sao.sandboxes.backend import make_sandbox
+from sao.sandboxes.config import SandboxConfig
+from sao.sandboxes.protocols import ImageNotFoundError, Sandbox, SandboxDiedError, SandboxError
 
-APPLY_CMDS = (
-    "git apply --verbose /tmp/patch.diff",
-    "git apply --verbose --3way /tmp/patch.diff",
-    "patch --batch --forward --fuzz=5 -p1 -i /tmp/patch.diff",
+REPO_DIR = "/testbed"
+# Our images keep deps in /opt/venv, official SWE-bench images in the conda env "testbed": both go first on PATH.
+PATH = (
+    "/opt/venv/bin:/opt/miniconda3/envs/testbed/bin:/opt/miniconda3/bin:"
+    "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 )
+CONDA_ENV = "/opt/miniconda3/envs/testbed"
+PATCH_PATH = "/tmp/sao_grade.diff"
+EVAL_PATH = "/tmp/sao_eval.sh"
+LOG_PATH = "/tmp/sao_eval.log"
+APPLY_CMDS = (
+    f"git apply --verbose {PATCH_PATH}",
+    f"git apply --verbose --3way {PATCH_PATH}",
+    f"patch --batch --forward --fuzz=5 -p1 -i {PATCH_PATH}",
+)
+APPLY_TIMEOUT_S = 120.0
 
 
 class GradingInfraError(RuntimeError):
@@ -31,6 +61,9 @@ class GradingInfraError(RuntimeError):
 
 @dataclass(frozen=True)
 class GradeResult:
+    """``extra``: ``{"failure": kind, "reason": text}`` when the patch's run ended badly (kinds: ``timeout``,
+    ``oom``, ``disk_full``, ``sandbox_died``, ``log_missing``, ``log_too_big``, ``patch_too_big``), else empty."""
+
     resolved: bool
     report: dict[str, Any]
     log: str = ""
@@ -39,80 +72,120 @@ class GradeResult:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def _put(container: Any, path: str, text: str) -> None:
-    archive = tar_one(os.path.basename(path), text.encode(), mode=0o755)
-    if not container.put_archive(os.path.dirname(path), archive):
-        raise GradingInfraError(f"could not copy {path} into the grading container")
+def default_sandbox() -> SandboxConfig:
+    """The limits a SWE episode's sandbox and its grader get unless the env's config says otherwise."""
+    return SandboxConfig(backend="docker", mem_limit="4g", cpus=2.0, pids_limit=1024)
 
 
-def _exec(container: Any, cmd: str, timeout: float) -> tuple[int, str]:
-    res = container.exec_run(["timeout", "-k", "5", str(int(timeout)), "bash", "-c", cmd], workdir="/testbed")
-    return int(res.exit_code), res.output.decode(errors="replace")
-
-
-def _start_container(client: Any, image: str, iid: str, mem_limit: str) -> Any:
-    """A detached, networkless container of ``image`` (which must be present) that waits for our commands."""
-    import docker
-
-    try:
-        client.images.get(image)
-    except docker.errors.ImageNotFound as e:
-        raise GradingInfraError(
-            f"image {image} of task {iid} is not present; build it (`sao tasks build`, or "
-            "`sao.envs.swe.tasks.ensure_task_images`) or pull it from a reachable registry"
-        ) from e
-    return client.containers.run(
-        image,
-        command=["sleep", "infinity"],
-        detach=True,
-        network_mode="none",
-        mem_limit=mem_limit,
-        labels={"sao.owner_pid": str(os.getpid()), "sao.role": "swe-grader"},
+def grader_sandbox(cfg: SandboxConfig | None, image: str) -> SandboxConfig:
+    """The grader's sandbox: ``cfg``'s limits and user (``default_sandbox()`` when ``None``) on ``image``, with
+    ``/testbed`` as the working directory and the conda env of an official image the user's too."""
+    cfg = cfg or default_sandbox()
+    if cfg.backend != "docker":
+        raise ValueError(f"the SWE grader needs sandbox.backend='docker' (instances are images), got {cfg.backend!r}")
+    return dataclasses.replace(
+        cfg,
+        image=image,
+        workdir=REPO_DIR,
+        env={"PATH": PATH, **cfg.env},
+        owned_paths=tuple(dict.fromkeys((*cfg.owned_paths, CONDA_ENV))),
     )
 
 
-def _apply(container: Any, patch: str) -> tuple[bool, str]:
-    """(applied, the last attempt's log): the harness's commands in turn, the tree reset between attempts."""
-    _put(container, "/tmp/patch.diff", patch if patch.endswith("\n") else patch + "\n")
+def _failure(kind: str, reason: str) -> dict[str, Any]:
+    return {"failure": kind, "reason": reason}
+
+
+async def _apply(sb: Sandbox, patch: str) -> tuple[bool, str, dict[str, Any]]:
+    """(applied, the last attempt's log, failure): the harness's commands in turn, the tree reset between them."""
+    try:
+        await sb.write_file(PATCH_PATH, patch if patch.endswith("\n") else patch + "\n")
+    except OSError as e:  # as the user, under the disk bound: a patch over it is the policy's
+        if e.errno in (errno.EFBIG, errno.ENOSPC):
+            return False, str(e), _failure("patch_too_big", f"the patch is over the sandbox's disk limit: {e}")
+        raise SandboxError(f"could not copy the patch into the grading sandbox: {e}") from e
     apply_log = ""
     for i, cmd in enumerate(APPLY_CMDS):
         if i:
-            _exec(container, "git checkout -- . && git clean -fdq", 60)
-        code, apply_log = _exec(container, cmd, 120)
-        if code == 0:
-            return True, apply_log
-    return False, apply_log
+            await sb.exec("git checkout -- . && git clean -fdq", timeout=60)
+        res = await sb.exec(cmd, timeout=APPLY_TIMEOUT_S)
+        apply_log = res.output
+        if res.exit_code == 0:
+            return True, apply_log, {}
+    return False, apply_log, {}
 
 
-def _run_eval(container: Any, spec: Any, pred: dict[str, Any], timeout: float) -> tuple[dict[str, Any], str]:
-    """(the harness's report, the log) of the spec's eval script run in ``container``."""
+def _run_failure(res: Any, timeout: float, cfg: SandboxConfig) -> dict[str, Any]:
+    """What ended the eval run badly, from its ``ExecResult``; ``{}`` when it ended on its own."""
+    if res.timed_out:
+        return _failure("timeout", f"the eval script ran past its timeout of {timeout:g} s and was killed")
+    if res.oom_killed:
+        return _failure("oom", f"a process of the eval run was killed for memory (sandbox.mem_limit {cfg.mem_bytes} B)")
+    if res.disk_full:
+        return _failure(
+            "disk_full", f"the files written during the eval run passed sandbox.disk_limit ({cfg.disk_bytes} B)"
+        )
+    return {}
+
+
+async def _run_eval(sb: Sandbox, timeout: float, cfg: SandboxConfig) -> tuple[str, dict[str, Any]]:
+    """(the log, failure) of the eval script run as the sandbox's user; the log read back by the daemon."""
+    try:
+        res = await sb.exec(f"/bin/bash {EVAL_PATH} > {LOG_PATH} 2>&1", timeout=timeout)
+    except SandboxDiedError as e:
+        res, failure = None, _failure("sandbox_died", f"the grading sandbox died during the eval run: {e}")
+    else:
+        failure = _run_failure(res, timeout, cfg)
+    try:
+        log = await sb.read_file(LOG_PATH)
+    except FileNotFoundError:
+        return "", failure or _failure("log_missing", f"the eval run left no log ({LOG_PATH} is gone)")
+    except OSError as e:
+        if e.errno != errno.EFBIG:
+            raise
+        return "", failure or _failure("log_too_big", f"the eval log is over sandbox.read_limit_bytes: {e}")
+    except SandboxDiedError:  # the container is gone with its log; the eval run's own failure says why
+        return "", failure
+    if res is not None and res.timed_out and ">>>>> End Test Output" not in log:
+        log += f"\n\nTimeout error: {timeout} seconds exceeded."  # what the harness writes on a timeout
+    return log, failure
+
+
+def _report(spec: Any, pred: dict[str, Any], log: str) -> dict[str, Any]:
     from swebench.harness.grading import get_eval_report
 
-    _put(container, "/eval.sh", spec.eval_script)
-    code, log = _exec(container, "/bin/bash /eval.sh", timeout)
-    if code in (124, 137) and ">>>>> End Test Output" not in log:
-        log += f"\n\nTimeout error: {timeout} seconds exceeded."
     with tempfile.TemporaryDirectory(prefix="sao-grade-") as tmp:
         log_path = Path(tmp) / "test_output.txt"
         log_path.write_text(log)
-        report = get_eval_report(
+        report: dict[str, Any] = get_eval_report(
             test_spec=spec, prediction=pred, test_log_path=str(log_path), include_tests_status=True
         )
-    return report, log
+    return report
 
 
-def grade_patch(
-    instance: dict[str, Any],
-    patch: str,
-    *,
-    timeout: float = 1800,
-    client: Any = None,
-    docker_host: str | None = None,
-    mem_limit: str = "4g",
+async def _grade_in(sb: Sandbox, spec: Any, pred: dict[str, Any], cfg: SandboxConfig, timeout: float) -> GradeResult:
+    iid = spec.instance_id
+    t0 = time.monotonic()
+    try:  # before the patch is in the container: a refusal here is not the patch's doing
+        await sb.write_file(EVAL_PATH, spec.eval_script)
+    except OSError as e:
+        raise SandboxError(f"could not copy the eval script into the grading sandbox: {e}") from e
+    applied, apply_log, failure = await _apply(sb, pred["model_patch"])
+    if not applied:
+        head = {"patch_is_None": False, "patch_exists": True, "patch_successfully_applied": False, "resolved": False}
+        report = {iid: head}
+        return GradeResult(False, report, log=apply_log, seconds=time.monotonic() - t0, applied=False, extra=failure)
+    log, failure = await _run_eval(sb, timeout, cfg)
+    report = _report(spec, pred, log)
+    resolved = bool(report[iid]["resolved"]) and not failure
+    return GradeResult(resolved, report, log=log, seconds=time.monotonic() - t0, extra=failure)
+
+
+async def grade_patch_async(
+    instance: dict[str, Any], patch: str, *, timeout: float = 1800, sandbox: SandboxConfig | None = None
 ) -> GradeResult:
-    """Apply ``patch`` in a fresh container of ``instance["image"]``, run its eval script, grade the log.
-    The Docker daemon is ``client``, else ``docker_host``, else the environment's (``DOCKER_HOST``)."""
-    import docker
+    """Apply ``patch`` in a fresh confined sandbox of ``instance["image"]`` (limits and daemon from ``sandbox``, see
+    ``grader_sandbox``), run its eval script, grade the log. ``GradingInfraError`` only for infrastructure failures."""
     from swebench.harness.utils import make_test_spec
 
     from sao.envs.swe.tasks.instance import validate_instance
@@ -125,36 +198,35 @@ def grade_patch(
         # The harness skips empty predictions as unresolved without starting a container; so do we.
         report = {iid: {"patch_is_None": False, "patch_exists": False, "resolved": False, "empty_patch": True}}
         return GradeResult(False, report, applied=False)
+    cfg = grader_sandbox(sandbox, spec.image)
     t0 = time.monotonic()
-    container = None
-    own_client = client is None
     try:
-        if client is None:
-            t = int(timeout) + 60
-            client = docker.DockerClient(base_url=docker_host, timeout=t) if docker_host else docker.from_env(timeout=t)
-        container = _start_container(client, spec.image, iid, mem_limit)
-        applied, apply_log = _apply(container, patch)
-        if not applied:
-            report = {
-                iid: {
-                    "patch_is_None": False,
-                    "patch_exists": True,
-                    "patch_successfully_applied": False,
-                    "resolved": False,
-                }
-            }
-            return GradeResult(False, report, log=apply_log, seconds=time.monotonic() - t0, applied=False)
-        report, log = _run_eval(container, spec, pred, timeout)
-        return GradeResult(bool(report[iid]["resolved"]), report, log=log, seconds=time.monotonic() - t0)
-    except GradingInfraError:
-        raise
-    except docker.errors.DockerException as e:
-        raise GradingInfraError(f"Docker failed while grading {iid}: {e}") from e
+        sb = await make_sandbox(cfg)
+    except ImageNotFoundError as e:
+        raise GradingInfraError(
+            f"image {spec.image} of task {iid} is not present; build it (`sao tasks build`, or "
+            "`sao.envs.swe.tasks.ensure_task_images`) or pull it from a reachable registry"
+        ) from e
+    except SandboxError as e:
+        raise GradingInfraError(f"could not start the grading sandbox of {iid}: {e}") from e
+    try:
+        result = await _grade_in(sb, spec, pred, cfg, timeout)
+    except SandboxDiedError as e:  # while applying: only the patch's doing can stop the container then
+        report = {iid: {"patch_is_None": False, "patch_exists": True, "resolved": False}}
+        died = _failure("sandbox_died", f"the grading sandbox died: {e}")
+        return GradeResult(False, report, seconds=time.monotonic() - t0, applied=False, extra=died)
+    except SandboxError as e:
+        raise GradingInfraError(f"the grading sandbox of {iid} failed: {e}") from e
     finally:
-        if container is not None:
-            try:
-                container.remove(force=True)
-            except Exception:  # best effort: the container may already be gone
-                pass
-        if own_client and client is not None:
-            client.close()
+        try:
+            await sb.close()
+        except SandboxError:  # the verdict stands; a container left behind is reaped with its owner
+            pass
+    return dataclasses.replace(result, seconds=time.monotonic() - t0)
+
+
+def grade_patch(
+    instance: dict[str, Any], patch: str, *, timeout: float = 1800, sandbox: SandboxConfig | None = None
+) -> GradeResult:
+    """``grade_patch_async`` for synchronous callers (the task builder, scripts); from async code await that."""
+    return asyncio.run(grade_patch_async(instance, patch, timeout=timeout, sandbox=sandbox))

@@ -253,7 +253,7 @@ class _Search:
             return None
         if leaks:  # the recipe is broken for this package: every task would hand the agent its fix
             raise images.ImageBuildError(f"task image {task_image} lets the agent read the fix: {'; '.join(leaks)}")
-        if self.cfg.verify and not grade_patch(rec, rec["patch"], client=client).resolved:
+        if self.cfg.verify and not grade_patch(rec, rec["patch"]).resolved:
             self.log(f"{spec}: dropping {rec['instance_id']}: its gold patch did not resolve it in a fresh container")
             return None
         return rec
