@@ -140,6 +140,32 @@ def engine(
     run(cfg, echo=typer.echo)
 
 
+@app.command("gateway")
+def gateway(
+    out: str = typer.Option("runs/bench/gateway", help="folder for bench_gateway.json"),
+    model: str = typer.Option("smollm2", help="model spec of a token engine: smollm2 / hf:DIR (in-process), vllm:URL"),
+    concurrency: str = typer.Option("1,16", help="comma-separated concurrent episodes"),
+    turns: int = typer.Option(3, help="turns per episode (the later ones extend the session)"),
+    max_tokens: int = typer.Option(8, help="tokens sampled per call"),
+    episodes: int = typer.Option(4, help="episodes at least, at every concurrency"),
+    temperature: float = typer.Option(0.0, help="sampling temperature (0: greedy, both paths sample the same tokens)"),
+) -> None:
+    """Gateway overhead per call against calling the engine directly, at each concurrency, side by side."""
+    from pathlib import Path
+
+    from sao.benchmarks.bench_gateway import GatewayBenchConfig, run
+
+    try:
+        levels = tuple(int(c) for c in _csv(concurrency))
+        cfg = GatewayBenchConfig(
+            out=Path(out), model=model, concurrency=levels, turns=turns, max_tokens=max_tokens,
+            temperature=temperature, episodes_at_1=episodes,
+        )  # fmt: skip
+        run(cfg, echo=typer.echo)
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from e
+
+
 @app.command("sync")
 def sync(
     out: str = typer.Option("runs/bench/sync", help="folder for sync.json"),
