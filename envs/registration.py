@@ -18,6 +18,7 @@ from typing import Any
 
 import gymnasium
 
+from sao.core.registry import unknown_name
 from sao.sandboxes.backend import check_backend
 from sao.sandboxes.config import SandboxConfig
 from sao.sandboxes.protocols import SandboxUnavailableError
@@ -136,11 +137,10 @@ def preflight(env_id: str, kwargs: dict[str, Any] | None = None) -> None:
     load_plugin_envs()
     name = resolve_env_id(env_id)
     if gymnasium.registry.get(name) is None:
-        known = ", ".join(i for i, _ in list_envs())
         raise EnvSetupError(
-            f"env id {env_id!r} is not registered (registered: {known}). An env from your own package needs a "
-            f"{PLUGIN_GROUP!r} entry point, or the 'module:{name}' form naming the module that registers it "
-            "(docs/register_env.md)"
+            unknown_name("env id", name, [i for i, _ in list_envs()])
+            + f". An env from your own package needs a {PLUGIN_GROUP!r} entry point, or the 'module:{name}' form "
+            "naming the module that registers it (docs/register_env.md)"
         )
     try:
         env = gymnasium.make(name, **(kwargs or {}))

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from sao.agent.engines.protocols import Engine
+from sao.core.registry import Registry, unknown_name
 
 WEIGHT_SYNC_KINDS = ("checkpoint", "broadcast")
 
@@ -168,7 +169,7 @@ class EngineSpec:
             raise ValueError(f"{where}: restricted_vocab needs in_process (the builder gets the allowed ids)")
 
 
-_ENGINES: dict[str, EngineSpec] = {}
+ENGINES: Registry[EngineSpec] = Registry("engine", describe=lambda e: e.summary)
 
 
 def register_engine(name: str, summary: str, **fields: Any) -> EngineSpec:
@@ -176,48 +177,42 @@ def register_engine(name: str, summary: str, **fields: Any) -> EngineSpec:
     contradicting fields raise ``ValueError``. Returns the entry."""
     spec = EngineSpec(name, summary, **fields)
     spec.check()
-    if name in _ENGINES:
-        raise ValueError(f"engine {name!r} is already registered ({_ENGINES[name].summary}); pick another name")
-    taken = {f.kind: e.name for e in _ENGINES.values() for f in e.specs}
+    taken = {f.kind: e.name for e in ENGINES.values() if e.name != name for f in e.specs}
     for form in spec.specs:
         if form.kind in taken:
             raise ValueError(f"register_engine({name!r}): --model kind {form.kind!r} belongs to {taken[form.kind]!r}")
-    _ENGINES[name] = spec
-    return spec
+    return ENGINES.add(name, spec)
 
 
 def engines() -> list[EngineSpec]:
     """Every registered engine, in registration order."""
-    return list(_ENGINES.values())
+    return ENGINES.values()
 
 
 def engine_spec(name: str) -> EngineSpec:
     """The entry of ``name``; an unknown name raises ``ValueError`` listing the registered ones."""
-    try:
-        return _ENGINES[name]
-    except KeyError:
-        raise ValueError(f"unknown engine {name!r}; registered: {', '.join(_ENGINES)}") from None
+    return ENGINES.get(name)
 
 
 def trainable_engines() -> list[str]:
     """Names a training run's ``rollout.engine`` may take."""
-    return [e.name for e in _ENGINES.values() if e.placement is not None]
+    return [e.name for e in ENGINES.values() if e.placement is not None]
 
 
 def make_demonstrator(name: str, tokenizer: Any, tasks: list[dict[str, Any]]) -> Engine:
     """The demonstrator ``name`` for ``tasks`` (the records its episodes will play); a name that is no
     demonstrator raises ``ValueError`` listing those that are."""
-    known = [e.name for e in _ENGINES.values() if e.demonstrator is not None]
-    entry = _ENGINES.get(name)
-    if entry is None or entry.demonstrator is None:
-        raise ValueError(f"unknown demonstrator {name!r}; choose from {', '.join(known)}")
-    return entry.demonstrator(tokenizer, tasks)
+    known = [e.name for e in ENGINES.values() if e.demonstrator is not None]
+    make = ENGINES.get(name).demonstrator if name in ENGINES else None
+    if make is None:
+        raise ValueError(unknown_name("demonstrator", name, known))
+    return make(tokenizer, tasks)
 
 
 # ---- --model specs ---------------------------------------------------------------------------------------------
 def spec_forms() -> list[SpecForm]:
     """Every ``--model`` form, in registration order."""
-    return [f for e in _ENGINES.values() for f in e.specs]
+    return [f for e in ENGINES.values() for f in e.specs]
 
 
 def spec_help() -> str:

@@ -11,50 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any
+
+from sao.core.registry import Registry
 
 if TYPE_CHECKING:
     import torch
 
     from sao.trainer.algos.advantages import RunningMeanBaseline
-
-F = TypeVar("F")
-
-
-class Registry(Generic[F]):
-    """A named table of entries; registering a taken name or looking up an unknown one raises ValueError."""
-
-    def __init__(self, kind: str) -> None:
-        self.kind = kind
-        self._entries: dict[str, F] = {}
-
-    def add(self, name: str, entry: F) -> F:
-        if not name or not isinstance(name, str):
-            raise ValueError(f"a {self.kind} name must be a non-empty string, got {name!r}")
-        if name in self._entries:
-            raise ValueError(
-                f"{self.kind} {name!r} is already registered (by {self._entries[name]!r}); pick another name"
-            )
-        self._entries[name] = entry
-        return entry
-
-    def register(self, name: str) -> Callable[[F], F]:
-        def decorator(fn: F) -> F:
-            return self.add(name, fn)
-
-        return decorator
-
-    def get(self, name: str) -> F:
-        try:
-            return self._entries[name]
-        except KeyError:
-            raise ValueError(f"unknown {self.kind} {name!r}; known: {', '.join(self.names())}") from None
-
-    def names(self) -> list[str]:
-        return sorted(self._entries)
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._entries
 
 
 @dataclass(frozen=True)

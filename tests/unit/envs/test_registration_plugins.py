@@ -61,7 +61,7 @@ def test_bad_env_kwarg_or_id_fails_before_the_first_episode(tmp_path: Path) -> N
     assert "unexpected keyword argument 'bogus'" in res.output and "fix env.kwargs" in res.output
     assert not run_dir.exists()
     res = CliRunner().invoke(app, ["train", str(ROOT / "configs/toy.yaml"), f"run.dir={run_dir}", "env.id=sao/Nope-v0"])
-    assert res.exit_code == 2 and "'sao/Nope-v0' is not registered" in res.output and "sao.envs" in res.output
+    assert res.exit_code == 2 and "unknown env id 'sao/Nope-v0'" in res.output and "sao.envs" in res.output
     assert not run_dir.exists()
 
 
@@ -71,6 +71,8 @@ def test_preflight_makes_the_env_once() -> None:
     preflight("sao/TokenGame-v0", {"turns": 2})
     with pytest.raises(EnvSetupError, match="TokenGame turns must be >= 1"):
         preflight("sao/TokenGame-v0", {"turns": 0})  # a ValueError raised by the constructor itself
+    with pytest.raises(EnvSetupError, match=r"unknown env id 'sao/TokenGame-v9' \(did you mean 'sao/TokenGame-v0'\?\)"):
+        preflight("sao/TokenGame-v9")
 
 
 def test_preflight_fails_on_a_sandbox_backend_that_does_not_answer(tmp_path: Path) -> None:

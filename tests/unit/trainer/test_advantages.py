@@ -213,7 +213,7 @@ def test_registry_has_the_estimators_and_one_calling_convention() -> None:
 
 
 def test_registry_errors() -> None:
-    with pytest.raises(ValueError, match=r"known: .*skip_obs_gae"):
+    with pytest.raises(ValueError, match=r"registered: .*skip_obs_gae"):
         get_advantage("nope")
     with pytest.raises(ValueError, match="already registered"):
         register_advantage("gae")(lambda x: (x.rewards, x.rewards))

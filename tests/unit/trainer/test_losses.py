@@ -217,7 +217,7 @@ def test_policy_loss_registry() -> None:
     assert float(loss.detach()) == pytest.approx(0.0) and "mask_frac_low" in metrics
     with pytest.raises(ValueError, match="old_logp"):
         get_policy_loss("ppo_clip")(inputs)
-    with pytest.raises(ValueError, match="known: "):
+    with pytest.raises(ValueError, match="registered: "):
         get_policy_loss("reinforce++")
     for name in ("ppo_clip", "decoupled_ppo"):
         loss, _ = get_policy_loss(name)(PolicyLossInputs(**{**inputs.__dict__, "old_logp": torch.zeros(1, 3)}))
