@@ -47,7 +47,7 @@ class RunConfig:
     plot: bool = True
     """Write RUN_DIR/plots/*.png at the end of the run."""
     progress: bool = True
-    """A live rich progress line on stderr."""
+    """A live progress line on the terminal (``sao.core.console.ProgressLine``)."""
     param_digest: bool = False
     """At the end, every rank writes RUN_DIR/param_digest/rank{R}.json (a hash of its gathered actor and critic
     parameters): a check that data-parallel ranks hold identical weights. Gathers the full model: small runs only."""
