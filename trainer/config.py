@@ -179,7 +179,9 @@ class RolloutConfig:
     """An engine of ``sao.agent.engines.registry``: ``hf`` (in-process transformers, follows the trainer's weights) or
     ``vllm`` (servers), or one registered from outside the package (docs/register_engine.md)."""
     vllm_urls: list[str] = field(default_factory=list)
-    """vllm: server URLs; empty = launch one local server on the actor."""
+    """vllm: server URLs; empty = launch one local server on the actor. Servers given here are checked before the
+    first episode (``sao.agent.engines.vllm_check``): the trainer's model and, at a temperature other than 1,
+    ``--logprobs-mode processed_logprobs``; a mismatch is refused naming the fix."""
     stage_engine: str | None = None
     """The engine a staged run's ``eval`` and ``pretrain_value`` stages roll out on; null = ``engine``. One that
     runs in this process (``hf``) gets the stage's model; a server engine (``vllm``) is started on the stage's

@@ -4,7 +4,8 @@ Requests go to ``/v1/completions`` with the prompt as a list of token ids and ``
 to the server with the fewest requests in flight. The logprob of each sampled token is the one of the distribution
 it was drawn from (after temperature, top-k, top-p) when the server runs with ``--logprobs-mode
 processed_logprobs``, as ``LocalVLLMServer`` starts it; a server started without it reports the temperature-1
-logprobs, which a trainer at another temperature would read as policy lag. Connection failures and 5xx answers are
+logprobs, which a trainer at another temperature would read as policy lag (``sao train`` refuses such a server given
+by URL: ``sao.agent.engines.vllm_check``). Connection failures and 5xx answers are
 retried on other servers with exponential backoff (``sao.core.retry``); when every try failed the call raises
 ``EngineError`` naming the servers (the agent then marks the episode ``infra_error``).
 

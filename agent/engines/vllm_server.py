@@ -64,13 +64,16 @@ class LocalVLLMServer:
         gpu: bool = False,
         extra_args: list[str] | None = None,
         host: str = "127.0.0.1",
+        logprobs_mode: str | None = "processed_logprobs",
     ) -> list[str]:
-        """The server command line (GPU: the ``vllm serve`` equivalent; CPU: eager mode)."""
+        """The server command line (GPU: the ``vllm serve`` equivalent; CPU: eager mode). ``logprobs_mode``: None
+        leaves vLLM's default (raw logprobs: a server as a user may start one, which ``vllm_check`` refuses)."""
         cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir]
         cmd += ["--dtype", dtype, "--max-model-len", str(max_model_len), "--seed", "0"]
         cmd += ["--host", host, "--port", str(port)]
-        # Logprobs of the distribution sampled from (after temperature, top-k, top-p), what the trainer recomputes.
-        cmd += ["--logprobs-mode", "processed_logprobs"]
+        if logprobs_mode is not None:
+            # Logprobs of the distribution sampled from (after temperature, top-k, top-p): what the trainer recomputes.
+            cmd += ["--logprobs-mode", logprobs_mode]
         if not gpu:
             cmd.append("--enforce-eager")  # compiling graphs on CPU more than doubles startup (FACTS.md)
         if worker_extension:
@@ -91,6 +94,7 @@ class LocalVLLMServer:
         startup_timeout: float = 600.0,
         extra_args: list[str] | None = None,
         host: str = "127.0.0.1",
+        logprobs_mode: str | None = "processed_logprobs",
     ) -> LocalVLLMServer:
         """Start the server and wait until ``/health`` answers; raise EngineError with the log tail otherwise.
 
@@ -116,6 +120,7 @@ class LocalVLLMServer:
             gpu=gpu,
             extra_args=extra_args,
             host=host,
+            logprobs_mode=logprobs_mode,
         )
         with open(log, "ab") as f:
             f.write(("$ " + " ".join(cmd) + "\n").encode())

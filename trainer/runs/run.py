@@ -23,6 +23,7 @@ import torch
 
 from sao.agent.engines.protocols import EngineError
 from sao.agent.engines.registry import InProcessArgs, ServeArgs, engine_spec
+from sao.agent.engines.vllm_check import check_servers
 from sao.core.jsonl import append_jsonl, write_json_atomic
 from sao.envs.registration import preflight
 from sao.trainer import distributed as dist_utils
@@ -352,6 +353,10 @@ class Trainer:
             lineage = Lineage({**acc.aliases, self.version: resumed})
             ledger.resume(self.step, resumed, self.version)
             metrics.truncate_after(self.step)
+        if self.engine_spec.placement == "server" and cfg.rollout.vllm_urls:
+            # servers the run did not start: their model and logprob mode are read, not assumed
+            await check_servers(cfg.rollout.vllm_urls, tokenizer=self.tokenizer, temperature=cfg.rollout.temperature,
+                                max_context_tokens=cfg.rollout.max_context_tokens, model=cfg.model.path)  # fmt: skip
         engine = self._make_engine()
         if self.state is not None and self.version > 0:
             await self._sync_weights(engine)

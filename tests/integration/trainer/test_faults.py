@@ -212,21 +212,34 @@ def test_vllm_server_killed_mid_run_stops_cleanly_and_resume_continues(tmp_path:
     assert not _vllm_server_pids(run)
 
 
-# A stand-in for a vLLM server the user runs (rollout.vllm_urls): /health answers, every other request hangs.
-# What is tested is the run's watch of the servers it was given, not vLLM (test_vllm_server_killed_mid_run...
-# kills a real one); SIGSTOP then freezes it as a hung host does: connections open, nothing answers.
+# A stand-in for a vLLM server the user runs (rollout.vllm_urls): /health and what the run checks at connect
+# (sao.agent.engines.vllm_check: the model, its tokenization of the probe text, the logprob mode) answer as a
+# correctly started server would; every other request (the episodes' completions) hangs. What is tested is the run's
+# watch of the servers it was given, not vLLM (test_vllm_server_killed_mid_run... kills a real one); SIGSTOP then
+# freezes it as a hung host does: connections open, nothing answers.
 _STUB = """
-import sys, time
+import json, sys, time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+ANSWERS = {
+    "/v1/models": {"data": [{"id": "stub", "max_model_len": 4096}]},
+    "/tokenize": {"tokens": json.loads(sys.argv[3])},
+    "/server_info?config_format=json": {"vllm_config": {"model_config": {"logprobs_mode": "processed_logprobs"}}},
+}
 class H(BaseHTTPRequestHandler):
     def do_GET(self):
         with open(sys.argv[1], "a") as f:
             f.write(self.path + "\\n")
-        if self.path != "/health":
+        if self.path != "/health" and self.path not in ANSWERS:
             time.sleep(3600)
+        body = json.dumps(ANSWERS.get(self.path, {})).encode()
         self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
         self.end_headers()
-    do_POST = do_GET
+        self.wfile.write(body)
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.do_GET()
     def log_message(self, *a):
         pass
 ThreadingHTTPServer(("127.0.0.1", int(sys.argv[2])), H).serve_forever()
@@ -234,16 +247,21 @@ ThreadingHTTPServer(("127.0.0.1", int(sys.argv[2])), H).serve_forever()
 
 
 def test_given_servers_that_stop_answering_stop_the_run_with_a_checkpoint(tmp_path: Path) -> None:
+    from sao.agent.engines.vllm_check import PROBE_TEXT
+    from sao.trainer.config import load_config
+    from sao.trainer.learn.models import load_tokenizer
+
     run, hits, port = tmp_path / "run", tmp_path / "hits.log", free_port()
-    stub = subprocess.Popen([sys.executable, "-c", _STUB, str(hits), str(port)])
+    probe_ids = load_tokenizer(load_config(ROOT / "configs/toy.yaml")).encode(PROBE_TEXT, add_special_tokens=False)
+    stub = subprocess.Popen([sys.executable, "-c", _STUB, str(hits), str(port), json.dumps(probe_ids)])
     url = f"http://127.0.0.1:{port}"
     args = ["train", str(ROOT / "configs/toy.yaml"), f"run.dir={run}", "run.total_steps=4", *FAST]
     args += ["rollout.engine=vllm", "rollout.action_vocab=[]", f"rollout.vllm_urls=[{url}]", "rollout.server_grace_s=3"]
     proc = subprocess.Popen(_sao(*args), env=_env(), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         deadline = time.time() + 400
-        # the run is in its loop once episodes ask the server for its model
-        while time.time() < deadline and "/v1/models" not in (hits.read_text() if hits.exists() else ""):
+        # the run is in its loop once episodes ask the server for completions (after the connect check)
+        while time.time() < deadline and "/v1/completions" not in (hits.read_text() if hits.exists() else ""):
             assert proc.poll() is None, proc.stderr.read().decode()[-3000:] if proc.stderr else ""
             time.sleep(0.2)
         assert "/health" in hits.read_text(), "the run did not health-check the server it was given"
