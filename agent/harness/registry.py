@@ -23,6 +23,7 @@ from typing import Any
 from sao.agent.harness.protocols import Endpoint, Harness
 from sao.agent.loop import AgentConfig
 from sao.agent.rollout import ChatPlayer, Player, TokenPlayer
+from sao.core.registry import Registry
 
 DEFAULT_HARNESS = "sao"
 
@@ -52,38 +53,34 @@ class HarnessSpec:
             )
 
 
-_HARNESSES: dict[str, HarnessSpec] = {}
+HARNESSES: Registry[HarnessSpec] = Registry("harness", describe=lambda spec: spec.summary)
+_ALIASES: dict[str, str] = {}
 
 
 def register_harness(name: str, summary: str, **fields: Any) -> HarnessSpec:
     """Register harness ``name`` (``fields``: those of ``HarnessSpec``); a taken name or alias raises
     ``ValueError``. Returns the entry."""
     spec = HarnessSpec(name, summary, **fields)
-    if not name or not isinstance(name, str):
-        raise ValueError(f"a harness name must be a non-empty string, got {name!r}")
-    taken = {n for s in _HARNESSES.values() for n in (s.name, *s.aliases)}
-    clash = sorted({name, *spec.aliases} & taken)
+    clash = sorted(n for n in {name, *spec.aliases} if n in HARNESSES or n in _ALIASES)
     if clash:
         raise ValueError(f"register_harness({name!r}): {clash} already name a registered harness; pick another name")
-    _HARNESSES[name] = spec
+    HARNESSES.add(name, spec)
+    _ALIASES.update(dict.fromkeys(spec.aliases, name))
     return spec
 
 
 def harnesses() -> list[HarnessSpec]:
     """Every registered harness, in registration order."""
-    return list(_HARNESSES.values())
+    return HARNESSES.values()
 
 
 def harness_names() -> list[str]:
-    return list(_HARNESSES)
+    return HARNESSES.names()
 
 
 def harness_spec(name: str) -> HarnessSpec:
     """The entry ``name`` (or one of its aliases) names; an unknown name raises ``ValueError`` listing them."""
-    for spec in _HARNESSES.values():
-        if name == spec.name or name in spec.aliases:
-            return spec
-    raise ValueError(f"unknown harness {name!r}; registered: {', '.join(_HARNESSES)}")
+    return HARNESSES.get(_ALIASES.get(name, name))
 
 
 @dataclass(frozen=True)
