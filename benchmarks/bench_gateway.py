@@ -12,6 +12,8 @@ is the same). Reported side by side:
 - ``fixed cost``: the same gateway calls against an engine that answers at once (a scripted engine), in ms per
   call: the HTTP, parsing, rendering and recording work alone, whatever the model.
 
+Each level runs gateway, direct, direct, gateway, so a load that drifts during it weighs on both paths alike.
+
 Writes ``bench_gateway.json`` to ``out`` with the commit and the load average before and after, and prints a table.
 """
 
@@ -72,7 +74,7 @@ class Level:
 class Report:
     setup: dict[str, Any] = field(default_factory=dict)
     levels: list[dict[str, Any]] = field(default_factory=list)
-    fixed_cost_ms: dict[str, float] = field(default_factory=dict)
+    fixed_cost_ms: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
 def _messages(i: int, replies: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -136,21 +138,29 @@ async def _direct_waves(engine: Any, records: list[Any], c: int, sampling: Any) 
 
 
 async def _level(engine: Any, tok: Any, c: int, cfg: GatewayBenchConfig, context: int) -> Level:
+    """Gateway, direct, direct, gateway (ABBA: a load that drifts during the level weighs on both paths alike)."""
     from sao.agent.engines.protocols import SamplingParams
     from sao.agent.gateway import Gateway
 
     n = max(c, cfg.episodes_at_1)
     gw = Gateway(engine, tok, max_context_tokens=context, max_action_tokens=cfg.max_tokens, temperature=cfg.temperature)
-    async with gw:
-        wall_gw, records, client_s = await _gateway_waves(gw, n, c, cfg)
     sampling = SamplingParams(cfg.max_tokens, cfg.temperature, 1.0, (), tuple(gw.chat.stop_token_ids()))
-    wall_direct, same = await _direct_waves(engine, records, c, sampling)
-    calls = [call for r in records for call in r.engine_calls]
-    return Level(c, n, len(calls), wall_direct, wall_gw, sum(x.engine_s for x in calls), client_s, same)
+    async with gw:
+        wall_a, records, client_a = await _gateway_waves(gw, n, c, cfg)
+        direct_a, same_a = await _direct_waves(engine, records, c, sampling)
+        direct_b, same_b = await _direct_waves(engine, records, c, sampling)
+        wall_b, records_b, client_b = await _gateway_waves(gw, n, c, cfg)
+    calls = [call for r in records + records_b for call in r.engine_calls]
+    engine_s = sum(x.engine_s for x in calls)
+    return Level(
+        c, n, len(calls), direct_a + direct_b, wall_a + wall_b, engine_s, client_a + client_b, same_a and same_b
+    )
 
 
-async def _fixed_cost(tok: Any, cfg: GatewayBenchConfig, context: int) -> dict[str, float]:
-    """ms per call through the gateway to an engine that answers at once, at each concurrency."""
+async def _fixed_cost(tok: Any, cfg: GatewayBenchConfig, context: int) -> dict[str, dict[str, float]]:
+    """Gateway calls to an engine that answers at once, per concurrency: ``wall_ms`` (wave wall time per call: the
+    work each call costs the process) and ``latency_ms`` (a call's own wall time, queueing behind the others
+    included)."""
     from sao.agent.engines.scripted import ScriptedEngine
     from sao.agent.gateway import Gateway
 
@@ -160,8 +170,9 @@ async def _fixed_cost(tok: Any, cfg: GatewayBenchConfig, context: int) -> dict[s
     for c in cfg.concurrency:
         n = max(c, cfg.episodes_at_1)
         async with Gateway(engine, tok, max_context_tokens=context, max_action_tokens=cfg.max_tokens) as gw:
-            _, records, client_s = await _gateway_waves(gw, n, c, cfg)
-        out[str(c)] = 1000 * client_s / sum(r.calls for r in records)
+            wall, records, client_s = await _gateway_waves(gw, n, c, cfg)
+        calls = sum(r.calls for r in records)
+        out[str(c)] = {"wall_ms": 1000 * wall / calls, "latency_ms": 1000 * client_s / calls}
     return out
 
 
@@ -187,7 +198,10 @@ async def _run(cfg: GatewayBenchConfig, echo: Any) -> Report:
     report.setup["load_avg_start"] = os.getloadavg()
     try:
         report.fixed_cost_ms = await _fixed_cost(built.tokenizer, cfg, context)
-        echo(f"fixed cost per call (instant engine): {report.fixed_cost_ms}")
+        for level_name, cost in report.fixed_cost_ms.items():
+            echo(f"instant engine, concurrency {level_name}: {cost['wall_ms']:.2f} ms of wall per call, "
+                 f"{cost['latency_ms']:.2f} ms latency")  # fmt: skip
+        echo(HEADER)
         for c in cfg.concurrency:
             level = await _level(built.engine, built.tokenizer, c, cfg, built.max_context_tokens or context)
             report.levels.append({**asdict(level), "wall_ratio": level.wall_ratio, "overhead": level.overhead})
@@ -214,7 +228,6 @@ def run(cfg: GatewayBenchConfig, echo: Any = print) -> Report:
     if cfg.turns < 1 or cfg.max_tokens < 1 or not cfg.concurrency or min(cfg.concurrency) < 1:
         raise ValueError("--turns, --max-tokens and every --concurrency level must be >= 1")
     cfg.out.mkdir(parents=True, exist_ok=True)
-    echo(HEADER)
     report = asyncio.run(_run(cfg, echo))
     write_json_atomic(cfg.out / "bench_gateway.json", asdict(report), indent=2)
     echo(f"load average {report.setup['load_avg_start'][0]:.1f} -> {report.setup['load_avg_end'][0]:.1f}; "

@@ -240,6 +240,18 @@ class EnvConfig:
 
 
 @dataclass
+class HarnessConfig:
+    """What plays the episodes (``sao.agent.harness.registry``), in every stage and in RL alike."""
+
+    harness: str = "sao"
+    """``sao``: SAO's own episode loop and the env's tools; ``mini_swe_agent``: the real mini-swe-agent package
+    (its agent, prompts and step limit ``rollout.max_turns``) behind SAO's gateway, which records each episode's
+    exact tokens (one trajectory per row: a prefix break starts a new one); or one registered from outside."""
+    config: str = ""
+    """The harness's own config (mini-swe-agent: one of its config names or a YAML path); empty: its default."""
+
+
+@dataclass
 class DeepSpeedConfig:
     """The DeepSpeed engines of the actor and the critic."""
 
@@ -367,6 +379,7 @@ class Config:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
+    agent: HarnessConfig = field(default_factory=HarnessConfig)
     deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
@@ -479,9 +492,7 @@ class Config:
             (self.run.keep_checkpoints >= 1, "run.keep_checkpoints must be >= 1"),
             (self.run.export_every >= 0, "run.export_every must be >= 0 (0 = never)"),
         ]
-        checks += _engine_checks(self)
-        checks += _cluster_checks(self)
-        checks += _stage_checks(self)
+        checks += _engine_checks(self) + _harness_checks(self) + _cluster_checks(self) + _stage_checks(self)
         for ok, msg in checks:
             if not ok:
                 raise ConfigError(msg)
@@ -561,6 +572,17 @@ class Config:
             msg = check(self)
             if msg:
                 raise ConfigError(f"trainer.algorithm {spec.name!r}: {msg}")
+
+
+def _harness_checks(cfg: Config) -> list[tuple[bool, str]]:
+    """``agent.harness`` is registered and plays ``env.id``."""
+    from sao.agent.harness.registry import harness_spec
+
+    try:
+        harness_spec(cfg.agent.harness).check_env(cfg.env.id)
+    except ValueError as e:
+        return [(False, f"agent.harness: {e}")]
+    return []
 
 
 def _stage_checks(cfg: Config) -> list[tuple[bool, str]]:

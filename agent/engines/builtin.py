@@ -5,7 +5,8 @@ so looking an engine up (a config check) loads neither torch nor an HTTP client.
   to ``rollout.action_vocab``); ``--model hf:DIR`` (or a bare alias, ``--model smollm2``).
 - ``vllm``: vLLM servers, token-in/token-out (``VLLMEngine``; ``LocalVLLMServer`` starts one); ``--model
   vllm:URL[,URL...]`` (running servers) and ``--model local:DIR`` (a server we start and stop).
-- ``solver`` / ``swe_demonstrator``: demonstrators of ``collect`` stages; ``--model solver`` too.
+- ``solver`` / ``swe_demonstrator`` / ``mini_swe_demonstrator``: demonstrators of ``collect`` stages, and of
+  ``sao collect --model NAME`` (each demonstrator's bare ``--model`` form, ``registry``).
 - ``openai``: any OpenAI-compatible chat endpoint, evaluation only (``--model openai:MODEL@BASE_URL``).
 - ``scripted``: a test fixture replaying assistant messages per task (``--model scripted:FILE.jsonl``).
 """
@@ -192,6 +193,20 @@ register_engine(
     "swe_demonstrator",
     "works SWE tasks through the env's tools from their gold patches (demonstrations)",
     demonstrator=_swe_demonstrator,
+)
+
+
+def _mini_swe_demonstrator(tokenizer: Any, tasks: list[dict[str, Any]]) -> Engine:
+    from sao.agent.engines.mini_swe_demonstrator import MiniSWEDemonstratorEngine
+
+    return MiniSWEDemonstratorEngine(tokenizer, tasks)
+
+
+register_engine(
+    "mini_swe_demonstrator",
+    "works SWE tasks with shell commands in mini-swe-agent's format from their gold patches (demonstrations for "
+    "agent.harness=mini_swe_agent)",
+    demonstrator=_mini_swe_demonstrator,
 )
 
 

@@ -94,6 +94,8 @@ class SpecOptions:
     max_action_tokens: int = 2048
     temperature: float = 0.0
     top_p: float = 1.0
+    tasks: tuple[Any, ...] = ()
+    """The task records the episodes will play (a demonstrator works from them; empty: not known)."""
 
 
 @dataclass
@@ -177,8 +179,8 @@ def register_engine(name: str, summary: str, **fields: Any) -> EngineSpec:
     contradicting fields raise ``ValueError``. Returns the entry."""
     spec = EngineSpec(name, summary, **fields)
     spec.check()
-    taken = {f.kind: e.name for e in ENGINES.values() if e.name != name for f in e.specs}
-    for form in spec.specs:
+    taken = {f.kind: e.name for e in ENGINES.values() if e.name != name for f in _forms_of(e)}
+    for form in _forms_of(spec):
         if form.kind in taken:
             raise ValueError(f"register_engine({name!r}): --model kind {form.kind!r} belongs to {taken[form.kind]!r}")
     return ENGINES.add(name, spec)
@@ -212,7 +214,32 @@ def make_demonstrator(name: str, tokenizer: Any, tasks: list[dict[str, Any]]) ->
 # ---- --model specs ---------------------------------------------------------------------------------------------
 def spec_forms() -> list[SpecForm]:
     """Every ``--model`` form, in registration order."""
-    return [f for e in ENGINES.values() for f in e.specs]
+    return [f for e in ENGINES.values() for f in _forms_of(e)]
+
+
+def _forms_of(entry: EngineSpec) -> list[SpecForm]:
+    """``entry``'s ``--model`` forms; a demonstrator without a form of its own name gets the bare one, so every
+    demonstrator a ``collect`` stage can use is reachable from ``sao collect --model NAME`` too."""
+    forms = list(entry.specs)
+    if entry.demonstrator is not None and not any(f.kind == entry.name for f in forms):
+        forms.append(_demonstrator_form(entry.name, entry.demonstrator))
+    return forms
+
+
+def _demonstrator_form(name: str, make: Callable[[Any, list[dict[str, Any]]], Engine]) -> SpecForm:
+    """``--model NAME`` for a demonstrator: its tokenizer from ``--tokenizer`` (default ``smollm2``), built for the
+    task records the episodes will play (``SpecOptions.tasks``)."""
+
+    async def build(spec: ModelSpec, o: SpecOptions) -> SpecModel:
+        from sao.core.paths import resolve_model_path
+
+        tokenizer = load_tokenizer(o.tokenizer or resolve_model_path("smollm2"))
+        try:
+            return SpecModel(engine=make(tokenizer, list(o.tasks)), tokenizer=tokenizer)
+        except ValueError as e:
+            raise ModelSpecError(f"--model {name}: {e}") from e
+
+    return SpecForm(name, name, lambda text, target: ModelSpec(name), build, bare=True)
 
 
 def spec_help() -> str:

@@ -43,7 +43,7 @@ from sao.envs.swe.tasks.instance import line_hint
 
 _ISSUE = re.compile(r"<issue>\n(.*?)\n</issue>", re.DOTALL)
 # ChatML (SmolLM2, Qwen): the templates the SWE job runs with.
-_MESSAGE = re.compile(r"<\|im_start\|>(\w+)\n(.*?)<\|im_end\|>", re.DOTALL)
+CHATML_MESSAGE = re.compile(r"<\|im_start\|>(\w+)\n(.*?)<\|im_end\|>", re.DOTALL)
 _HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+\d+(?:,\d+)? @@ ?(.*)$")
 _DEF = re.compile(r"\b(?:async\s+)?def\s+(\w+)\s*\(")
 _GREP_LINE = re.compile(r"^(\d+):", re.MULTILINE)
@@ -187,16 +187,16 @@ def _tool(name: str, **arguments: Any) -> Call:
     return {"name": name, "arguments": arguments}
 
 
-def _pytest(tests: list[str]) -> str:
+def pytest_command(tests: list[str]) -> str:
     return "python -m pytest -q --tb=short " + " ".join(shlex.quote(t) for t in tests)
 
 
-def _mentions(text: str, name: str) -> bool:
+def mentions(text: str, name: str) -> bool:
     """Whether ``name`` stands in ``text`` as a whole identifier."""
     return re.search(rf"(?<![\w.]){re.escape(name)}(?!\w)", text) is not None
 
 
-def _test_source(test_id: str) -> str:
+def show_test_command(test_id: str) -> str:
     """The command that prints a test's source: ``grep -n -A N 'def NAME(' FILE`` from its id (``FILE::[Class::]
     NAME[params]``), every part of which the issue shows."""
     path, *_, name = test_id.split("::")
@@ -204,7 +204,7 @@ def _test_source(test_id: str) -> str:
     return f"grep -n -A {TEST_SOURCE_LINES} {shlex.quote(f'def {name}(')} {shlex.quote(path)}"
 
 
-def _def_lines(found: str, path: str) -> list[int]:
+def def_lines(found: str, path: str) -> list[int]:
     """The line numbers of ``path`` in a ``grep -rn`` output (``PATH:LINE:text`` lines)."""
     return [int(n) for n in re.findall(rf"^{re.escape(path)}:(\d+):", found, re.MULTILINE)]
 
@@ -219,7 +219,7 @@ def demonstration(task: dict[str, Any]) -> Generator[Call, str, None]:
     f2p = list(task["FAIL_TO_PASS"])
     hunks = parse_patch(task["patch"])
     seen = str(task.get("problem_statement", ""))
-    seen += "\n" + (yield _tool("bash", command=_pytest(f2p[:1])))
+    seen += "\n" + (yield _tool("bash", command=pytest_command(f2p[:1])))
     # the bug's function when the record names it (offline tasks: ``sao_mutation``), else what the hunk shows
     named = str(task.get("sao_mutation", {}).get("function", "")).rsplit(".", 1)[-1]
     shown_test = False
@@ -234,15 +234,15 @@ def demonstration(task: dict[str, Any]) -> Generator[Call, str, None]:
         lo = max(1, h.start - VIEW_MARGIN)
         function = named if named and len(hunks) == 1 else h.function
         if function:
-            if not _mentions(seen, function) and not shown_test:
+            if not mentions(seen, function) and not shown_test:
                 # a wrong result's traceback names only the test: its source shows what it calls
                 shown_test = True
-                seen += "\n" + (yield _tool("bash", command=_test_source(f2p[0])))
+                seen += "\n" + (yield _tool("bash", command=show_test_command(f2p[0])))
             pattern = shlex.quote(f"def {function}(")
             found = yield _tool("bash", command=f"grep -rn --include='*.py' {pattern} *")
             seen += "\n" + found
             # the last definition of that name above the change in the hunk's file: the one the change is in
-            above = [n for n in _def_lines(found, h.path) if n <= h.first_change]
+            above = [n for n in def_lines(found, h.path) if n <= h.first_change]
             lo = max(above) if above else lo
         # The hunk's own last line always exists (a margin below could pass the end of the file).
         views.append((lo, h.start + h.pre_len - 1))
@@ -259,7 +259,7 @@ def demonstration(task: dict[str, Any]) -> Generator[Call, str, None]:
                 break
         else:
             raise EngineError(f"swe_demonstrator: the editor refused the gold edit of {h.path}: {obs[:300]}")
-    yield _tool("bash", command=_pytest(f2p[:MAX_CHECKED_TESTS]))
+    yield _tool("bash", command=pytest_command(f2p[:MAX_CHECKED_TESTS]))
     yield _tool("submit")
 
 
@@ -273,7 +273,7 @@ def unshown_steps(task: dict[str, Any], calls: list[Call], observations: list[st
         args = call.get("arguments", {})
         command = str(args.get("command", ""))
         if call.get("name") == "bash" and (m := re.search(r"def (\w+)\(", command)) is not None:
-            out += [m.group(1)] if not _mentions(seen, m.group(1)) else []
+            out += [m.group(1)] if not mentions(seen, m.group(1)) else []
         elif call.get("name") == "str_replace_editor" and command == "view":
             path = str(args.get("path", ""))
             out += [path] if path not in seen else []
@@ -283,7 +283,7 @@ def unshown_steps(task: dict[str, Any], calls: list[Call], observations: list[st
 
 def conversation_after_issue(prompt_text: str) -> tuple[str, list[str]]:
     """(the issue text, the observations that followed each assistant message after it) from a ChatML prompt."""
-    messages = [(m.group(1), m.group(2)) for m in _MESSAGE.finditer(prompt_text)]
+    messages = [(m.group(1), m.group(2)) for m in CHATML_MESSAGE.finditer(prompt_text)]
     at = next((i for i, (role, text) in enumerate(messages) if role == "user" and _ISSUE.search(text)), None)
     if at is None:
         raise EngineError("swe_demonstrator: no <issue> in the prompt; it only works SWE tasks")
@@ -322,6 +322,8 @@ class SWEDemonstratorEngine:
                     "but not a fix; it cannot tell them apart (drop one of them)"
                 )
             self.by_issue[key] = t
+        if not self.by_issue:
+            raise ValueError("swe_demonstrator: no tasks given; it works the SWE records it is given (--tasks)")
 
     @property
     def version(self) -> int:

@@ -1,7 +1,8 @@
 """`sao collect`: roll out any model spec on any registered env through the one episode runner, durably, resumably.
 
 Writes in ``--out``: ``trajectories.jsonl`` (the records ``sao sft --min-reward`` and ``sao pretrain-value`` read;
-one line per finished episode, fsynced as it finishes), ``infra_errors.jsonl`` (episodes the infrastructure failed:
+one line per finished episode, fsynced as it finishes; an outside agent's episode, ``--agent mini-swe-agent``, has
+one line per row of its gateway session), ``infra_errors.jsonl`` (episodes the infrastructure failed:
 counted apart, never mixed with the data) and ``summary.json``. Episode i plays task ``i mod len(tasks)`` of
 ``--tasks`` (or, without it, the env's own task drawn with seed ``--seed + i``) and is reset with seed
 ``--seed + i``. A rerun with the same ``--out`` skips the episode indices already in ``trajectories.jsonl`` and
@@ -44,6 +45,8 @@ class CollectConfig:
     temperature: float = 1.0
     tokenizer: str | None = None
     progress: bool = True
+    agent: str = "sao"
+    agent_config: str = ""
 
     def __post_init__(self) -> None:
         for name in ("n", "concurrency", "max_turns", "max_action_tokens"):
@@ -51,6 +54,12 @@ class CollectConfig:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         if self.temperature < 0:
             raise ValueError(f"--temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        from sao.agent.harness.registry import harness_spec
+
+        try:
+            harness_spec(self.agent).check_env(self.env)
+        except ValueError as e:
+            raise ValueError(f"--agent {self.agent}: {e}") from e
 
 
 def finished_indices(out: Path) -> set[int]:
@@ -69,10 +78,13 @@ def finished_indices(out: Path) -> set[int]:
 
 
 def summarize(out: Path, n: int, wall_s: float, skipped: int) -> dict[str, Any]:
-    """Counts over the whole folder: episodes by status, infra errors (apart), mean reward, solved rate."""
+    """Counts over the whole folder: episodes by status, infra errors (apart), mean reward, solved rate (an outside
+    agent's episode may have several rows: it counts once, by its last row; ``rows`` counts them all)."""
     from sao.agent.records import read_jsonl
+    from sao.agent.rollout import is_last_row
 
-    trajs = list(read_jsonl(out / TRAJECTORIES)) if (out / TRAJECTORIES).exists() else []
+    rows = list(read_jsonl(out / TRAJECTORIES)) if (out / TRAJECTORIES).exists() else []
+    trajs = [t for t in rows if is_last_row(t)]
     infra_path = out / INFRA_ERRORS
     retried = {t.info.get("episode") for t in trajs}
     infra = [t for t in read_jsonl(infra_path) if t.info.get("episode") not in retried] if infra_path.exists() else []
@@ -84,6 +96,7 @@ def summarize(out: Path, n: int, wall_s: float, skipped: int) -> dict[str, Any]:
     return {
         "requested": n,
         "episodes": len(trajs),
+        "rows": len(rows),
         "by_status": by_status,
         "infra_errors": len({t.info.get("episode") for t in infra}),
         "mean_reward": sum(rewards) / len(rewards) if rewards else None,
@@ -95,6 +108,7 @@ def summarize(out: Path, n: int, wall_s: float, skipped: int) -> dict[str, Any]:
 
 async def collect(cfg: CollectConfig) -> dict[str, Any]:
     """Run (or resume) the collection into ``cfg.out``; returns the summary (also in ``summary.json``)."""
+    from sao.agent.harness.registry import describe_harness
     from sao.agent.records import Trajectory, write_jsonl
     from sao.agent.rollout import Episode, EpisodeRunner, RunnerConfig, env_factory, task_id_of
     from sao.envs.registration import preflight
@@ -118,9 +132,10 @@ async def collect(cfg: CollectConfig) -> dict[str, Any]:
     t0 = time.perf_counter()
     if episodes:
         build = dict(tokenizer=cfg.tokenizer, max_context_tokens=cfg.max_context_tokens,
-                     max_action_tokens=cfg.max_action_tokens, temperature=cfg.temperature)  # fmt: skip
+                     max_action_tokens=cfg.max_action_tokens, temperature=cfg.temperature,
+                     tasks=tuple(e.task for e in episodes if e.task is not None))  # fmt: skip
         async with opened_model(spec, sorted({e.task_id for e in episodes if e.task_id}), **build) as model:
-            player = model.player(max_turns=cfg.max_turns)
+            player = model.player(max_turns=cfg.max_turns, harness=cfg.agent, harness_config=cfg.agent_config)
             runner = EpisodeRunner(
                 env_factory(cfg.env, cfg.env_kwargs), player, RunnerConfig(cfg.concurrency, cfg.progress)
             )
@@ -131,7 +146,7 @@ async def collect(cfg: CollectConfig) -> dict[str, Any]:
 
             await runner.run(episodes, on_trajectory=write)
     summary = summarize(out, cfg.n, time.perf_counter() - t0, skipped=len(done & set(range(cfg.n))))
-    summary.update(model=spec.name, env=cfg.env, out=str(out))
+    summary.update(model=spec.name, env=cfg.env, out=str(out), agent=describe_harness(cfg.agent, cfg.agent_config))
     write_json(out / "summary.json", summary)
     return summary
 
@@ -153,7 +168,8 @@ def collect_cmd(
         str,
         typer.Option(
             "--model",
-            help="vllm:URL[,URL] | local:DIR | hf:DIR | smollm2 | openai:MODEL@URL | scripted:FILE | solver",
+            help="vllm:URL[,URL] | local:DIR | hf:DIR | smollm2 | openai:MODEL@URL | scripted:FILE | a demonstrator: "
+            "solver, swe_demonstrator, mini_swe_demonstrator",
         ),
     ],
     env: Annotated[str, typer.Option("--env", help="registered env id, e.g. sao/PythonTool-v0")],
@@ -169,7 +185,15 @@ def collect_cmd(
     max_tokens: Annotated[int, typer.Option("--max-tokens", help="max new tokens per action")] = 256,
     max_context: Annotated[int, typer.Option("--max-context", help="max tokens of an episode")] = 2048,
     temperature: Annotated[float, typer.Option("--temperature")] = 1.0,
-    tokenizer: Annotated[str | None, typer.Option("--tokenizer", help="tokenizer dir (vllm:/solver specs)")] = None,
+    tokenizer: Annotated[
+        str | None, typer.Option("--tokenizer", help="tokenizer dir (vllm: specs, demonstrators)")
+    ] = None,
+    agent: Annotated[
+        str, typer.Option("--agent", help="what drives the model: sao (SAO's own loop) or mini-swe-agent")
+    ] = "sao",
+    agent_config: Annotated[
+        str, typer.Option("--agent-config", help="the agent's own config (mini-swe-agent: a config name or YAML)")
+    ] = "",
     verbose: Annotated[
         bool, typer.Option("--verbose", help="show third-party output here, not only in OUT/logs/third_party.log")
     ] = False,
@@ -190,7 +214,7 @@ def collect_cmd(
     try:
         cfg = CollectConfig(
             model, env, n, out, kwargs, tasks, concurrency, seed, max_turns, max_tokens, max_context, temperature,
-            tokenizer,
+            tokenizer, agent=agent, agent_config=agent_config,
         )  # fmt: skip
         with contextlib.nullcontext() if verbose else third_party_to_log(out / "logs" / "third_party.log"):
             summary = asyncio.run(collect(cfg))

@@ -26,6 +26,12 @@ MODEL_HELP = (
 )
 
 
+AGENT_HELP = (
+    "What drives the model: sao (SAO's own loop and tools) or mini-swe-agent (the real package: its agent and "
+    "SWE-bench prompts, the model behind SAO's gateway, or an openai: endpoint called directly)."
+)
+
+
 def _fail(e: Exception) -> typer.Exit:
     typer.echo(f"error: {e}", err=True)
     return typer.Exit(2)
@@ -55,6 +61,13 @@ def swebench_cmd(
     max_context: int = typer.Option(32768, "--max-context", help="Context length in tokens (token engines)."),
     max_tokens: int = typer.Option(4096, "--max-tokens", help="Tokens sampled per turn at most."),
     temperature: float = typer.Option(0.0, "--temperature", help="Sampling temperature."),
+    agent: str = typer.Option("sao", "--agent", help=AGENT_HELP),
+    agent_config: str = typer.Option(
+        "",
+        "--agent-config",
+        help="The agent's own config: for mini-swe-agent a config name (default "
+        "swebench_backticks; swebench for function calls) or a YAML path.",
+    ),
     verbose: bool = typer.Option(False, "--verbose", help=VERBOSE_HELP),
 ) -> None:
     """Evaluate on SWE-bench-format instances: predictions.jsonl, trajectories, resolved/total, report.json."""
@@ -75,7 +88,7 @@ def swebench_cmd(
             cfg = SWEEvalConfig(
                 model=model, dataset=dataset, out=out, instances=ids, workers=workers, max_steps=max_steps,
                 split=split, tokenizer=tokenizer, max_context_tokens=max_context, max_action_tokens=max_tokens,
-                temperature=temperature, harness=harness,
+                temperature=temperature, harness=harness, agent=agent, agent_config=agent_config,
             )  # fmt: skip
             with _quiet(out, verbose):
                 report = asyncio.run(run_swebench(cfg))

@@ -121,9 +121,10 @@ async def build_model(
     max_action_tokens: int = 2048,
     temperature: float = 0.0,
     top_p: float = 1.0,
+    tasks: tuple[Any, ...] = (),
 ) -> EvalModel:
     """Make the model a spec names (the registry entry of ``spec.kind`` builds it; ``local:`` starts a server)."""
-    options = SpecOptions(tokenizer, max_context_tokens, max_action_tokens, temperature, top_p)
+    options = SpecOptions(tokenizer, max_context_tokens, max_action_tokens, temperature, top_p, tasks=tuple(tasks))
     try:
         built = await registry.build_spec_model(spec, options)
     except ModelSpecError as e:

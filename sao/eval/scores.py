@@ -26,17 +26,23 @@ def episode_scores(
     trajs: list[Trajectory], tokenizer: Any, tasks: list[dict[str, Any]] | None = None
 ) -> dict[str, Any]:
     """Success rate, valid tool-call rate (episodes with at least one action that parses as a call of one of
-    the env's tools), mean turns, tokens per episode and the observations' share of them, truncated episodes,
-    over the episodes that were not infra errors. With SWE-style ``tasks`` (a gold ``patch``) also the share of
+    the env's tools; for an outside agent's episode, one whose agent ran at least one command), mean turns, tokens
+    per episode and the observations' share of them, truncated episodes, over the episodes that were not infra
+    errors. The rows of one outside agent's episode (``info["session_id"]``) count as one episode: its outcome from
+    its last row, its tokens and actions from all of them. With SWE-style ``tasks`` (a gold ``patch``) also the share of
     episodes whose graded patch (``info["report"]["model_patch"]``) changed a file the gold patch changes, and with
     injected-bug tasks the resolved / episodes of each bug family (``solved_by_family``)."""
     from sao.envs.protocols import FormatError
     from sao.envs.python_tool import PythonToolEnv
     from sao.envs.tools.parsing import parse_action
 
-    ok = [t for t in trajs if t.status != "infra_error"]
+    rows_of = _rows_by_episode([t for t in trajs if t.status != "infra_error"])
+    ok = [rows[-1] for rows in rows_of]
     valid = 0
     for t in ok:
+        if "harness" in t.info:  # an outside agent parses its own actions: it ran a command or it did not
+            valid += int(int(t.info.get("turns", 0)) > 0)
+            continue
         names = {s["function"]["name"] for s in t.info.get("tools") or []}
         for seg in t.action_segments:
             try:
@@ -49,10 +55,11 @@ def episode_scores(
                 valid += 1
                 break
     n = max(len(ok), 1)
-    obs = sum(len(seg.token_ids) for t in ok for seg in t.segments if seg.kind == "observation")
+    every = [t for rows in rows_of for t in rows]
+    obs = sum(len(seg.token_ids) for t in every for seg in t.segments if seg.kind == "observation")
     out: dict[str, Any] = {
         "episodes": len(ok),
-        "infra_errors": len(trajs) - len(ok),
+        "infra_errors": sum(t.status == "infra_error" for t in trajs),
         "success": sum(bool(t.info.get("solved")) for t in ok) / n,
         "valid_tool_call_rate": valid / n,
         "mean_turns": sum(int(t.info.get("turns", 0)) for t in ok) / n,
@@ -60,8 +67,8 @@ def episode_scores(
         "time_limited": sum(t.info.get("truncation_reason") == "time_limit" for t in ok),
         "solved_by_task": {t.task_id: int(bool(t.info.get("solved"))) for t in ok},
         "truncated": sum(t.status == "truncated" for t in ok),
-        "tokens_per_episode": sum(t.num_tokens for t in ok) / n,
-        "observation_share": obs / max(sum(t.num_tokens for t in ok), 1),
+        "tokens_per_episode": sum(t.num_tokens for t in every) / n,
+        "observation_share": obs / max(sum(t.num_tokens for t in every), 1),
     }
     gold = {
         str(t.get("instance_id")): patched_files(str(t["patch"]))
@@ -85,6 +92,15 @@ def episode_scores(
                 solved_n[1] += 1
         out["solved_by_family"] = dict(sorted(by.items()))
     return out
+
+
+def _rows_by_episode(trajs: list[Trajectory]) -> list[list[Trajectory]]:
+    """The trajectories grouped by episode, in order of first appearance: an outside agent's rows by their gateway
+    session (ordered by ``info["row"]``), any other trajectory alone."""
+    groups: dict[Any, list[Trajectory]] = {}
+    for i, t in enumerate(trajs):
+        groups.setdefault(t.info.get("session_id") or ("alone", i), []).append(t)
+    return [sorted(g, key=lambda t: int(t.info.get("row", 0))) for g in groups.values()]
 
 
 def bug_family(task: dict[str, Any]) -> str | None:

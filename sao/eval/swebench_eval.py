@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from sao.agent.harness.registry import describe_harness
 from sao.agent.records import Trajectory
 from sao.core.console import say
 from sao.envs.datasets import HUB_PROBE_TIMEOUT_S, hub_available
@@ -35,6 +36,7 @@ from sao.eval.harness import grade_with_harness, load_predictions
 from sao.sandboxes.protocols import SandboxError
 
 OFFLINE_ALIAS = "offline"
+SWE_ENV = "sao/SWE-v0"
 
 
 @dataclass(frozen=True)
@@ -54,12 +56,22 @@ class SWEEvalConfig:
     temperature: float = 0.0
     grade_timeout_s: float = 1800.0
     harness: bool = False
+    agent: str = "sao"
+    """What plays the episodes (``sao.agent.harness.registry``): SAO's own loop, or ``mini_swe_agent``."""
+    agent_config: str = ""
+    """The agent's own config (mini-swe-agent: one of its config names or a YAML path); empty: its default."""
 
     def __post_init__(self) -> None:
         if self.workers < 1:
             raise EvalError(f"--workers must be >= 1, got {self.workers}")
         if self.max_steps < 1:
             raise EvalError(f"--max-steps must be >= 1, got {self.max_steps}")
+        from sao.agent.harness.registry import harness_spec
+
+        try:
+            harness_spec(self.agent).check_env(SWE_ENV)
+        except ValueError as e:
+            raise EvalError(f"--agent {self.agent}: {e}") from e
 
 
 # ---- dataset ---------------------------------------------------------------------------------------------------
@@ -165,6 +177,7 @@ async def run_swebench(cfg: SWEEvalConfig) -> dict[str, Any]:
     report = summarize(rows, ids, model=spec.name, dataset=cfg.dataset, skipped=len(records) - len(todo))
     report["wall_s"] = round(time.perf_counter() - t0, 1)
     report["config"] = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(cfg).items()}
+    report["agent"] = describe_harness(cfg.agent, cfg.agent_config)  # which agent and which of its configs ran
     if cfg.harness and not preds:
         report["harness"] = None  # nothing finished without an infrastructure failure: nothing to grade
     elif cfg.harness:
@@ -179,17 +192,19 @@ async def run_swebench(cfg: SWEEvalConfig) -> dict[str, Any]:
 
 
 async def _run_all(todo: list[dict[str, Any]], model: EvalModel, cfg: SWEEvalConfig, skipped: int) -> None:
-    from sao.agent.rollout import Episode, EpisodeRunner, RunnerConfig, env_factory
+    from sao.agent.rollout import Episode, EpisodeRunner, RunnerConfig, env_factory, is_last_row
 
     out = cfg.out
     if skipped:
         say(f"swebench: {skipped} instance(s) already done in {out}, {len(todo)} to run")
-    make_env = env_factory("sao/SWE-v0", {"max_steps": cfg.max_steps, "grade_timeout_s": cfg.grade_timeout_s})
+    make_env = env_factory(SWE_ENV, {"max_steps": cfg.max_steps, "grade_timeout_s": cfg.grade_timeout_s})
     # One turn past the env's step limit: the env's own limit ends (and grades) the episode first.
-    player = model.player(max_turns=cfg.max_steps + 1)
+    player = model.player(max_turns=cfg.max_steps + 1, harness=cfg.agent, harness_config=cfg.agent_config)
     runner = EpisodeRunner(make_env, player, RunnerConfig(cfg.workers), out_path=out / "trajectories.jsonl")
 
     def finished_one(traj: Trajectory) -> None:
+        if not is_last_row(traj):
+            return  # every row of an outside agent's episode carries its outcome: one verdict, from the last
         rec = todo[int(traj.info["episode"])]
         result = result_of(rec["instance_id"], traj)
         if result["verdict"] != "infra_error":
@@ -252,7 +267,9 @@ def print_summary(report: dict[str, Any]) -> None:
     from rich.table import Table
 
     console = Console()
-    table = Table(title=f"SWE-bench eval: {report['model']} on {report['dataset']}")
+    agent = report.get("agent") or {}
+    under = f" under {agent['harness']}" + (f" ({agent['config']})" if agent.get("config") else "") if agent else ""
+    table = Table(title=f"SWE-bench eval: {report['model']}{under} on {report['dataset']}")
     for col in ("instance", "verdict", "turns", "patch lines", "seconds", "note"):
         table.add_column(col)
     style = {"resolved": "green", "unresolved": "yellow", "infra_error": "red"}

@@ -1,4 +1,7 @@
-"""The trainer's one rollout stack: ``cfg.rollout`` -> ``AgentConfig`` -> ``TokenPlayer`` -> ``EpisodeRunner``.
+"""The trainer's one rollout stack: ``cfg.rollout`` -> ``AgentConfig`` -> a harness's player -> ``EpisodeRunner``.
+
+The player is ``sao.agent.harness.registry.make_player``'s for ``agent.harness``: SAO's own loop (a ``TokenPlayer``)
+or an outside agent (mini-swe-agent) behind a gateway in front of the same engine, whose episodes arrive as rows.
 
 Built here for every trainer-side player of episodes: the training run on rank 0 (``trainer.runs.run``), each Ray
 rollout worker (``sao.trainer.cluster.ray_backend``) and the stages (``trainer.runs.stages``: collect, eval,
@@ -11,8 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from sao.agent.engines.protocols import Engine
+from sao.agent.harness.registry import PlayerArgs, make_player
 from sao.agent.loop import AgentConfig
-from sao.agent.rollout import EpisodeRunner, RunnerConfig, TokenPlayer, env_factory
+from sao.agent.rollout import EpisodeRunner, RunnerConfig, env_factory
 from sao.trainer.config import Config
 
 
@@ -40,18 +44,20 @@ def episode_runner(
     out_path: str | Path | None = None,
     env_kwargs: dict[str, Any] | None = None,
 ) -> EpisodeRunner:
-    """A runner of ``cfg.env.id`` episodes played by ``engine`` through a ``TokenPlayer``.
+    """A runner of ``cfg.env.id`` episodes played by ``engine`` through ``cfg.agent.harness``'s player.
 
     Unset overrides take the training run's settings: ``temperature``, ``render_check_every`` and
     ``concurrency`` from ``cfg.rollout``; ``env_kwargs`` update ``cfg.env.kwargs``. ``progress``: a progress line
     while ``run`` runs; ``out_path``: each trajectory appended there."""
     r = cfg.rollout
-    player = TokenPlayer(
+    args = PlayerArgs(
+        agent_config(cfg, temperature=temperature),
         engine,
         tokenizer,
-        agent_config(cfg, temperature=temperature),
+        config=cfg.agent.config,
         render_check_every=r.render_check_every if render_check_every is None else render_check_every,
     )
+    player = make_player(cfg.agent.harness, args)
     make_env = env_factory(cfg.env.id, {**cfg.env.kwargs, **(env_kwargs or {})})
     conc = r.concurrency if concurrency is None else concurrency
     return EpisodeRunner(make_env, player, RunnerConfig(conc, progress), out_path=out_path)

@@ -38,7 +38,7 @@ from typing import Any
 from sao.agent.engines.protocols import Engine
 from sao.agent.engines.registry import InProcessArgs, ServeArgs, engine_spec, make_demonstrator
 from sao.agent.records import Trajectory
-from sao.agent.rollout import episodes_of
+from sao.agent.rollout import episodes_of, is_last_row
 from sao.core.console import say
 from sao.core.jsonl import write_json_atomic, write_text_durably
 from sao.core.paths import resolve_model_path
@@ -119,10 +119,12 @@ def collect_stage(cfg: Config, model_dir: str, out: Path) -> dict[str, Any]:
     except ValueError as e:
         raise ConfigError(f"collect.model: {e}") from e
     t0 = time.perf_counter()
-    trajs = asyncio.run(_rollouts(cfg, engine, tok, tasks, out / "trajectories.jsonl", c.concurrency, 0.0))
+    rows = asyncio.run(_rollouts(cfg, engine, tok, tasks, out / "trajectories.jsonl", c.concurrency, 0.0))
+    trajs = [t for t in rows if is_last_row(t)]  # an outside agent's episode may have several rows: count it once
     solved = sum(bool(t.info.get("solved")) for t in trajs)
     return {
         "episodes": len(trajs),
+        "rows": len(rows),
         "solved": solved,
         "infra_errors": sum(t.status == "infra_error" for t in trajs),
         "wall_s": time.perf_counter() - t0,
