@@ -158,9 +158,9 @@ async def _level(engine: Any, tok: Any, c: int, cfg: GatewayBenchConfig, context
 
 
 async def _fixed_cost(tok: Any, cfg: GatewayBenchConfig, context: int) -> dict[str, dict[str, float]]:
-    """Gateway calls to an engine that answers at once, per concurrency: ``wall_ms`` (wave wall time per call: the
-    work each call costs the process) and ``latency_ms`` (a call's own wall time, queueing behind the others
-    included)."""
+    """Gateway calls to an engine that answers at once, per concurrency: ``wall_ms`` (wave wall time per call),
+    ``latency_ms`` (a call's own wall time, queueing behind the others included) and ``cpu_ms`` (this process's CPU
+    time per call, client included: the figure a loaded machine changes least)."""
     from sao.agent.engines.scripted import ScriptedEngine
     from sao.agent.gateway import Gateway
 
@@ -170,9 +170,15 @@ async def _fixed_cost(tok: Any, cfg: GatewayBenchConfig, context: int) -> dict[s
     for c in cfg.concurrency:
         n = max(c, cfg.episodes_at_1)
         async with Gateway(engine, tok, max_context_tokens=context, max_action_tokens=cfg.max_tokens) as gw:
+            cpu0 = time.process_time()
             wall, records, client_s = await _gateway_waves(gw, n, c, cfg)
-        calls = sum(r.calls for r in records)
-        out[str(c)] = {"wall_ms": 1000 * wall / calls, "latency_ms": 1000 * client_s / calls}
+            cpu = time.process_time() - cpu0
+        calls = sum(r.calls for r in records) + cfg.turns  # + the warm-up episode (in the CPU time)
+        out[str(c)] = {
+            "wall_ms": 1000 * wall / (calls - cfg.turns),
+            "latency_ms": 1000 * client_s / (calls - cfg.turns),
+            "cpu_ms": 1000 * cpu / calls,
+        }
     return out
 
 
@@ -199,8 +205,8 @@ async def _run(cfg: GatewayBenchConfig, echo: Any) -> Report:
     try:
         report.fixed_cost_ms = await _fixed_cost(built.tokenizer, cfg, context)
         for level_name, cost in report.fixed_cost_ms.items():
-            echo(f"instant engine, concurrency {level_name}: {cost['wall_ms']:.2f} ms of wall per call, "
-                 f"{cost['latency_ms']:.2f} ms latency")  # fmt: skip
+            echo(f"instant engine, concurrency {level_name}: per call {cost['wall_ms']:.2f} ms of wall, "
+                 f"{cost['latency_ms']:.2f} ms latency, {cost['cpu_ms']:.2f} ms CPU (client included)")  # fmt: skip
         echo(HEADER)
         for c in cfg.concurrency:
             level = await _level(built.engine, built.tokenizer, c, cfg, built.max_context_tokens or context)
