@@ -67,7 +67,7 @@ def test_sao_help_is_instant_and_lists_subcommands() -> None:
     assert out.returncode == 0, out.stderr
     for sub in ("train", "eval", "envs", "tasks", "bench", "serve"):
         assert sub in out.stdout, f"`sao --help` does not list {sub!r}:\n{out.stdout}"
-    # Instant help means no heavy import at CLI import time (the wall time itself is in the README).
+    # Instant help means no heavy import at CLI import time (its wall time is measured in docs/benchmarks.md).
     heavy_mods = ("torch", "transformers", "vllm", "deepspeed", "docker")
     probe = f"import sys, sao.cli.main; print(' '.join(m for m in {heavy_mods!r} if m in sys.modules))"
     heavy = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, cwd=ROOT)

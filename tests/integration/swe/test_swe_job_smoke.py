@@ -8,7 +8,7 @@ Sizes: CPU training on SmolLM2 costs ~25 CPU-s per 1k tokens of forward+backward
 short: a 1,400-token context budget (the prompts alone are 750-1,100 tokens) ends every episode truncated within a
 turn or two, which is also what it checks (the budget rule, the end-of-episode rule). The demonstrations are cut by
 the same budget before their fix, so the smoke trains RL from the base model (no SFT stage; `test_quickstart` covers
-SFT); the full job is a benchmark (its numbers are in the README).
+SFT); the full job is a benchmark (its numbers are in docs/results.md).
 """
 
 from __future__ import annotations

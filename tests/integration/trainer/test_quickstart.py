@@ -1,5 +1,5 @@
 """`sao train configs/quickstart.yaml` in a tiny form: every stage for real (the solver in Docker, SFT and SAO on
-SmolLM2 with DeepSpeed, held-out evals), sized down with overrides; the full job is a benchmark (README)."""
+SmolLM2 with DeepSpeed, held-out evals), sized down with overrides; the full job is a benchmark (docs/results.md)."""
 
 from __future__ import annotations
 
