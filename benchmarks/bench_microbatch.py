@@ -164,8 +164,7 @@ def _child(cfg: MicrobatchBenchConfig, variant: str) -> dict[str, Any]:
 
     from sao.benchmarks.bench_memory import _status_kib
     from sao.trainer import distributed
-    from sao.trainer.learn.batch import collate
-    from sao.trainer.learn.deepspeed_engine import shard_batch
+    from sao.trainer.learn.batch import collate, shard_batch
     from sao.trainer.learn.learner import Learner
     from sao.trainer.learn.models import load_actor, load_critic, load_tokenizer
     from sao.trainer.learn.value_pretrain import read_rollouts

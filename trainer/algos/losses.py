@@ -301,6 +301,33 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.
     return (1.0 - (r - v).var(unbiased=False) / var_r).float()
 
 
+def explained_variance_sums(
+    values: list[torch.Tensor], returns: list[torch.Tensor], masks: list[torch.Tensor]
+) -> list[float]:
+    """Sums over micro batches (all-reduce them across ranks) from which ``explained_variance_from_sums`` gives the
+    explained variance ``1 - Var(R - V) / Var(R)`` of the whole batch."""
+    n = s_r = s_r2 = s_e = s_e2 = 0.0
+    for v, r, mk in zip(values, returns, masks, strict=True):
+        rr, ee = r[mk].double(), (r - v)[mk].double()
+        n += rr.numel()
+        s_r += float(rr.sum())
+        s_r2 += float((rr**2).sum())
+        s_e += float(ee.sum())
+        s_e2 += float((ee**2).sum())
+    return [n, s_r, s_r2, s_e, s_e2]
+
+
+def explained_variance_from_sums(sums: list[float]) -> float:
+    """The whole batch's explained variance from ``explained_variance_sums``; NaN under 2 tokens or when
+    ``Var(R)`` is 0."""
+    n, s_r, s_r2, s_e, s_e2 = sums
+    if n < 2:
+        return float("nan")
+    var_r = s_r2 / n - (s_r / n) ** 2
+    var_e = s_e2 / n - (s_e / n) ** 2
+    return 1.0 - var_e / var_r if var_r > 1e-12 else float("nan")
+
+
 @register_policy_loss("dis", dis_band=True, entropy_bonus=True)
 def _dis_entry(x: PolicyLossInputs) -> tuple[torch.Tensor, Metrics]:
     return dis_policy_loss(

@@ -5,6 +5,11 @@ is all it needs, with every attention implementation. Nothing here builds a ``[B
 Rewards sit where they were earned: each action segment's ``reward`` on that turn's last action token, and the
 rest of the episode's total (``Trajectory.reward`` minus what the turns carry) on the last action token, so the
 token rewards of a row always sum to the trajectory's reward.
+
+The micro batches of a global batch live here too: ``shard_batch`` (planned by ``micro_rows``: a token budget, or
+the plain row cut) cuts it into this rank's micro batches, ``shard_like`` cuts a tensor of the whole batch the same
+way, and ``token_scale`` weights their losses so that accumulation over micro batches and ranks equals one
+token-mean over the whole batch, however it was cut.
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ from dataclasses import dataclass, fields, replace
 import torch
 
 from sao.agent.records import Trajectory
+from sao.trainer import distributed as dist_utils
+from sao.trainer.config import DeepSpeedConfig
 
 
 @dataclass(frozen=True)
@@ -179,3 +186,93 @@ def collate(
     width = max(len(f.ids) for f in flats)
     width = -(-width // pad_to_multiple_of) * pad_to_multiple_of
     return _build(flats, width, pad_token_id, trajectories)
+
+
+# -- micro batches ------------------------------------------------------------------------------------------
+
+
+def micro_rows(
+    lengths: Sequence[int], world: int, micro_batch_size: int, micro_batch_tokens: int
+) -> list[list[list[int]]]:
+    """Every rank's micro batches as rows of the global batch (``[rank][micro] -> rows``), from the row lengths
+    alone, so every rank computes the same plan without talking to the others.
+
+    ``micro_batch_tokens == 0``, the row cut: rank r takes rows r, r + world, ... in chunks of ``micro_batch_size``.
+    Otherwise the token budget: rows go to the ranks longest first, each to the rank holding the fewest tokens so
+    far; on each rank, longest first, a micro batch takes rows while ``rows x its longest row`` stays within
+    ``micro_batch_tokens`` and ``rows`` within ``micro_batch_size``. Either way a rank with fewer micro batches than
+    another gets empty ones (``[]``) at the end: the accumulation boundary, where the ranks reduce gradients, must
+    fall on the same micro batch on every rank.
+    """
+    if world < 1 or micro_batch_size < 1 or micro_batch_tokens < 0:
+        raise ValueError("world and micro_batch_size must be >= 1, micro_batch_tokens >= 0")
+    if micro_batch_tokens == 0:
+        mine = [list(range(r, len(lengths), world)) for r in range(world)]
+        plans = [[m[i : i + micro_batch_size] for i in range(0, len(m), micro_batch_size)] for m in mine]
+    else:
+        per_rank: list[list[int]] = [[] for _ in range(world)]
+        load = [0] * world
+        for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+            r = min(range(world), key=lambda k: (load[k], len(per_rank[k]), k))
+            per_rank[r].append(i)
+            load[r] += lengths[i]
+        plans = [_pack(rows, lengths, micro_batch_size, micro_batch_tokens) for rows in per_rank]
+    n = max(len(p) for p in plans)
+    return [p + [[] for _ in range(n - len(p))] for p in plans]
+
+
+def _pack(rows: list[int], lengths: Sequence[int], max_rows: int, budget: int) -> list[list[int]]:
+    """Rows sorted longest first into micro batches: each is padded to its first row, so it fits while
+    ``(rows + 1) x lengths[first] <= budget``."""
+    out: list[list[int]] = []
+    for i in rows:
+        if out and len(out[-1]) < max_rows and (len(out[-1]) + 1) * lengths[out[-1][0]] <= budget:
+            out[-1].append(i)
+        else:
+            out.append([i])
+    return out
+
+
+def _cuts(full: Batch, d: DeepSpeedConfig) -> list[tuple[list[int], int]]:
+    """This rank's micro batches as ``(rows, width)``: the row cut keeps the batch's width, the token budget pads
+    each micro batch to its own longest row; an empty one is one token wide."""
+    lengths = full.lengths
+    plan = micro_rows(lengths, dist_utils.world_size(), d.micro_batch_size, d.micro_batch_tokens)
+    mine = plan[dist_utils.rank()]
+    if d.micro_batch_tokens == 0:
+        return [(rows, full.shape[1] if rows else 1) for rows in mine]
+    return [(rows, max((lengths[i] for i in rows), default=1)) for rows in mine]
+
+
+def shard_batch(full: Batch, d: DeepSpeedConfig) -> list[Batch]:
+    """This rank's micro batches of a global batch (``micro_rows`` with ``deepspeed.micro_batch_size`` /
+    ``micro_batch_tokens``), on the device. An empty micro batch is one attended token of row 0 with nothing to
+    train (no action or response token, no reward): it runs forward and backward like the others, so collective
+    ops inside them (ZeRO-3 gathers, gradient reduction) match across ranks, and adds exactly zero gradient."""
+    dev = dist_utils.device()
+    out = []
+    for rows, width in _cuts(full, d):
+        if rows:
+            out.append(full.rows(rows).columns(width).to(dev))
+            continue
+        one = full.rows([0]).columns(1)
+        off = torch.zeros_like(one.action_mask)
+        idle = replace(one, action_mask=off, response_mask=off, rewards=torch.zeros_like(one.rewards),
+                       rollout_logprobs=torch.zeros_like(one.rollout_logprobs))  # fmt: skip
+        out.append(idle.to(dev))
+    return out
+
+
+def shard_like(t: torch.Tensor, full: Batch, d: DeepSpeedConfig) -> list[torch.Tensor]:
+    """A ``[B, T]`` tensor of the global batch (e.g. advantages computed over all of it) cut exactly as
+    ``shard_batch`` cuts ``full``, on the device; zeros on an empty micro batch."""
+    dev = dist_utils.device()
+    return [(t[rows, :width] if rows else t.new_zeros((1, 1))).to(dev) for rows, width in _cuts(full, d)]
+
+
+def token_scale(masks: list[torch.Tensor], grad_accum: int) -> tuple[float, float]:
+    """``(n_total, scale)``: the masked tokens over all ranks (0 when there is nothing to train), and the factor
+    that turns a micro batch's token-mean loss times its token count into its share of one global token-mean
+    (DeepSpeed averages over accumulation steps and ranks, which the factor undoes)."""
+    n_total = dist_utils.all_reduce_sum([float(sum(float(m.sum()) for m in masks))])[0]
+    return n_total, grad_accum * dist_utils.world_size() / max(n_total, 1.0)

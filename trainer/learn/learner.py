@@ -1,8 +1,11 @@
-"""The learner: DeepSpeed actor + critic and one training step (advantages -> policy step(s) -> K critic steps).
+"""The learner: DeepSpeed actor + critic and one training step, read top to bottom in ``Learner.train_step``:
+the batch (this rank's micro batches) -> values (the critic's) -> advantages (and the critic's returns) -> policy
+step(s) -> K critic steps (``critic_step``, shared with value pretraining).
 
 What the step does is read from the algorithm's spec (``cfg.algorithm``): which advantage estimator and policy loss,
-whether a critic trains, whether an old-policy recompute precedes the policy step. Engines and micro batches come
-from ``sao.trainer.learn.deepspeed_engine`` (shared with value pretraining and SFT).
+whether a critic trains, whether an old-policy recompute precedes the policy step. The micro batches and their loss
+weights come from ``sao.trainer.learn.batch``, the engines and their backward / step helpers from
+``sao.trainer.learn.deepspeed_engine`` (shared with value pretraining and SFT).
 
 Bad numbers never crash a step: a trajectory with a non-finite reward is masked out, a token with a non-finite
 rollout (or recomputed) logprob is masked out of the policy loss, a batch with non-finite critic values is not
@@ -32,6 +35,7 @@ from sao.trainer.algos.advantages import (
     whiten_stats,
 )
 from sao.trainer.algos.logprobs import token_logprobs
+from sao.trainer.algos.losses import explained_variance_from_sums, explained_variance_sums, value_loss
 from sao.trainer.algos.registry import (
     AdvantageInputs,
     PolicyLossInputs,
@@ -41,20 +45,8 @@ from sao.trainer.algos.registry import (
     policy_loss_traits,
 )
 from sao.trainer.config import Config, ConfigError
-from sao.trainer.learn.batch import Batch, collate
-from sao.trainer.learn.deepspeed_engine import (
-    critic_step,
-    ev_from_parts,
-    ev_parts,
-    full_grad_norm,
-    grad_accum_steps,
-    make_engine,
-    mark_boundary,
-    plain_grads,
-    shard_batch,
-    shard_like,
-    token_scale,
-)
+from sao.trainer.learn.batch import Batch, collate, shard_batch, shard_like, token_scale
+from sao.trainer.learn.deepspeed_engine import full_grad_norm, grad_accum_steps, make_engine, mark_boundary, plain_grads
 from sao.trainer.learn.models import shifted_values
 from sao.trainer.learn.targets import gae_inputs, value_after, value_targets
 
@@ -63,6 +55,15 @@ from sao.trainer.learn.targets import gae_inputs, value_after, value_targets
 LOGPROB_CHUNK_TOKENS = 1024
 
 # -- the step ---------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Values:
+    """Per micro batch: the critic's values ``[B, T]`` (0 off the response tokens) and the value after each row's
+    last token ``[B]`` (``value_after``); both empty for an estimator that reads no values."""
+
+    values: list[torch.Tensor]
+    after: list[torch.Tensor]
 
 
 @dataclass
@@ -136,7 +137,7 @@ class Learner:
 
     # -- the step --------------------------------------------------------------------------------------------
     def train_step(self, trajs: list[Trajectory], policy: bool = True) -> dict[str, float]:
-        """One policy version: advantages -> ``ppo_epochs`` policy steps -> K critic steps (see module doc).
+        """One policy version: the batch -> values -> advantages -> ``ppo_epochs`` policy steps -> K critic steps.
         ``policy=False``: a critic warm-up batch (``trainer.critic_warmup_steps``): the K critic steps only."""
         full, bad = self._collate(trajs)
         m: dict[str, float] = {
@@ -144,13 +145,15 @@ class Learner:
             "uniform_reward_batch": float(_uniform_rewards(full, bad)),
         }
         micro = shard_batch(full, self.cfg.deepspeed)
-        adv = self._advantages(full, micro, bad, m)
+        values = self._critic_values(micro, m)
+        adv = self._advantages(full, micro, bad, values, m)
         critic_first = self.critic is not None and self.cfg.trainer.update_order == "critic_first"
         if adv is not None and critic_first:
             # the order the paper's ports use: K critic steps on the returns, then the policy's advantages from the
             # updated critic (ours, advantages_first, takes both from the values before the critic steps)
             m.update(self._critic_steps(micro, adv))
-            adv = self._advantages(full, micro, bad, m)
+            values = self._critic_values(micro, m)
+            adv = self._advantages(full, micro, bad, values, m)
         if adv is None:  # non-finite critic values: nothing of this batch can be trusted
             m.update(skipped_steps=float(self.cfg.policy_epochs), trained_tokens=0.0)
             m["critic_skipped_steps"] = float(self.cfg.trainer.critic_updates_per_step)
@@ -179,51 +182,66 @@ class Learner:
             )
         return full, bad
 
+    def _critic_values(self, micro: list[Batch], m: dict[str, float]) -> _Values | None:
+        """The values phase: the critic's values of every micro batch (none for an estimator that reads none).
+        None: a value is not finite somewhere, on some rank (counted in ``nonfinite_values``; the step is skipped)."""
+        if not self.adv_traits.needs_values:
+            return _Values([], [])
+        with torch.no_grad():
+            pairs = [self._values(b) for b in micro]
+        values, afters = [v for v, _ in pairs], [a for _, a in pairs]
+        bad = sum(
+            float((b.response_mask & ~torch.isfinite(v)).sum()) + float((~torch.isfinite(a)).sum())
+            for b, v, a in zip(micro, values, afters, strict=True)
+        )
+        m["nonfinite_values"] = dist_utils.all_reduce_sum([bad])[0]
+        return None if m["nonfinite_values"] > 0 else _Values(values, afters)
+
     def _advantages(
-        self, full: Batch, micro: list[Batch], bad_rows: list[int], m: dict[str, float]
+        self, full: Batch, micro: list[Batch], bad_rows: list[int], values: _Values | None, m: dict[str, float]
     ) -> _Advantages | None:
-        """Advantages (whitened if asked) for the policy; returns and values for the critic. None: the critic's
-        values are non-finite somewhere (counted in ``nonfinite_values``; the step is skipped). ``bad_rows`` (no
-        trainable reward) stay out of the group and running-mean baselines."""
-        t = self.cfg.trainer
+        """The advantages phase: GAE on the critic's ``values`` (and the critic's returns), or the algorithm's
+        outcome estimator on the rewards; whitened if asked. None when ``values`` is (not finite: the step is
+        skipped). ``bad_rows`` (no trainable reward) stay out of the group and running-mean baselines."""
+        if values is None:
+            return None
         value_masks = [b.response_mask if self.adv_traits.token_level else b.action_mask for b in micro]
-        advs: list[torch.Tensor] = []
         rets: list[torch.Tensor] = []
-        olds: list[torch.Tensor] = []
         if self.adv_traits.needs_values:
-            with torch.no_grad():
-                pairs = [self._values(b) for b in micro]
-            olds, afters = [v for v, _ in pairs], [a for _, a in pairs]
-            bad = sum(
-                float((b.response_mask & ~torch.isfinite(v)).sum()) + float((~torch.isfinite(a)).sum())
-                for b, v, a in zip(micro, olds, afters, strict=True)
-            )
-            m["nonfinite_values"] = dist_utils.all_reduce_sum([bad])[0]
-            if m["nonfinite_values"] > 0:
-                return None
-            for b, v, after in zip(micro, olds, afters, strict=True):
-                a, r = self._gae(b, v, after)
-                advs.append(a)
-                rets.append(r)
+            pairs = [self._gae(b, v, after) for b, v, after in zip(micro, values.values, values.after, strict=True)]
+            advs, rets = [a for a, _ in pairs], [r for _, r in pairs]
         else:
-            keep = [i for i in range(full.shape[0]) if i not in set(bad_rows)]
-            a_full = torch.zeros(full.shape, dtype=torch.float32)
-            if keep:
-                sub = full.rows(keep)
-                a_sub, _ = self.adv_fn(
-                    AdvantageInputs(
-                        rewards=sub.rewards,
-                        action_mask=sub.action_mask,
-                        response_mask=sub.response_mask,
-                        group_ids=sub.group_ids if self.adv_traits.needs_groups else None,
-                        baseline=self.baseline if self.adv_traits.needs_baseline else None,
-                        gamma=t.gamma,
-                        lam=t.lam,
-                    )
+            advs = self._outcome_advantages(full, bad_rows, m)
+        return _Advantages(self._normalize(advs, micro, m), rets, values.values, value_masks)
+
+    def _outcome_advantages(self, full: Batch, bad_rows: list[int], m: dict[str, float]) -> list[torch.Tensor]:
+        """Advantages without a critic (group-normalised, running-mean baseline): computed over the whole batch,
+        then cut like its micro batches."""
+        t = self.cfg.trainer
+        keep = [i for i in range(full.shape[0]) if i not in set(bad_rows)]
+        a_full = torch.zeros(full.shape, dtype=torch.float32)
+        if keep:
+            sub = full.rows(keep)
+            a_sub, _ = self.adv_fn(
+                AdvantageInputs(
+                    rewards=sub.rewards,
+                    action_mask=sub.action_mask,
+                    response_mask=sub.response_mask,
+                    group_ids=sub.group_ids if self.adv_traits.needs_groups else None,
+                    baseline=self.baseline if self.adv_traits.needs_baseline else None,
+                    gamma=t.gamma,
+                    lam=t.lam,
                 )
-                a_full[keep] = a_sub.float()
-            advs = shard_like(a_full, full, self.cfg.deepspeed)
-            m["baseline_mean"] = float(self.baseline.mean)
+            )
+            a_full[keep] = a_sub.float()
+        advs = shard_like(a_full, full, self.cfg.deepspeed)
+        m["baseline_mean"] = float(self.baseline.mean)
+        return advs
+
+    def _normalize(self, advs: list[torch.Tensor], micro: list[Batch], m: dict[str, float]) -> list[torch.Tensor]:
+        """The advantages whitened over the whole batch (all ranks) when ``trainer.normalize_advantages``; their
+        mean and std, and the signs per turn against each episode's outcome, into ``m``."""
+        t = self.cfg.trainer
         parts = [whiten_stats(a, b.action_mask) for a, b in zip(advs, micro, strict=True)]
         stats = dist_utils.all_reduce_sum([sum(p[i] for p in parts) for i in range(3)])
         n_adv = max(stats[0], 1.0)
@@ -239,7 +257,7 @@ class Learner:
             m["adv_pos_turns_solved"] = pos / solved
         if failed:
             m["adv_neg_turns_failed"] = neg / failed
-        return _Advantages(advs, rets, olds, value_masks)
+        return advs
 
     def _gae(self, b: Batch, values: torch.Tensor, after: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Actor advantages with ``trainer.lam`` (or VAPO's length-adaptive lambda per row), critic returns with
@@ -255,9 +273,9 @@ class Learner:
         return adv, ret
 
     def _policy_steps(self, micro: list[Batch], advs: list[torch.Tensor]) -> dict[str, float]:
-        """``trainer.ppo_epochs`` actor optimizer steps on the batch (the old-policy recompute, if the algorithm
-        clips against one, happens once before the first). Tokens with a non-finite rollout or old logprob are
-        masked out of the loss."""
+        """The policy phase: ``trainer.ppo_epochs`` actor optimizer steps on the batch (the old-policy recompute,
+        if the algorithm clips against one, happens once before the first). Tokens with a non-finite rollout or old
+        logprob are masked out of the loss."""
         t = self.cfg.trainer
         olds: list[torch.Tensor | None] = [None] * len(micro)
         if self.loss_traits.needs_old_logp:
@@ -353,7 +371,8 @@ class Learner:
         return norm, skipped, dist_utils.all_reduce_sum([bad_logp])[0]
 
     def _critic_steps(self, micro: list[Batch], adv: _Advantages) -> dict[str, float]:
-        """K = ``critic_updates_per_step`` critic optimizer steps on the returns."""
+        """The critic phase: K = ``critic_updates_per_step`` critic optimizer steps (``critic_step``) on the returns,
+        and the explained variance of the values they started from."""
         assert self.critic is not None
         n_total, scale = token_scale(adv.value_masks, self.grad_accum)
         if n_total == 0:
@@ -368,7 +387,8 @@ class Learner:
             losses.append(total)
             skipped += int(was_skipped)
         red = dist_utils.all_reduce_sum(losses)
-        ev = ev_from_parts(dist_utils.all_reduce_sum(ev_parts(adv.old_values, adv.returns, adv.value_masks)))
+        sums = explained_variance_sums(adv.old_values, adv.returns, adv.value_masks)
+        ev = explained_variance_from_sums(dist_utils.all_reduce_sum(sums))
         return {
             "value_loss": red[-1] / n_total,
             "value_loss_first": red[0] / n_total,
@@ -401,6 +421,47 @@ class Learner:
             if eng is not None:
                 bad += sum(float((~torch.isfinite(p.detach())).sum()) for p in eng.module.parameters())
         return dist_utils.all_reduce_sum([bad])[0] == 0
+
+
+# -- the critic step (shared with value pretraining) -------------------------------------------------------------
+
+
+def critic_step(
+    engine: Any,
+    micro: list[Batch],
+    masks: list[torch.Tensor],
+    returns: list[torch.Tensor],
+    old_values: list[torch.Tensor] | None,
+    clip: float | None,
+    scale: float,
+    seen: list[torch.Tensor] | None = None,
+) -> tuple[float, float, bool]:
+    """One critic optimizer step over the micro batches (value loss on ``masks``); returns ``(sum of token losses,
+    grad norm, skipped)``. ``old_values`` (the values before the K steps) anchor the value clip; None: no clip.
+    ``seen`` collects the (pre-step) values of each micro batch."""
+    total = 0.0
+    gn0: float | None = None
+    skipped0 = int(getattr(engine, "skipped_steps", 0))
+    for i, (b, mask, ret) in enumerate(zip(micro, masks, returns, strict=True)):
+        mark_boundary(engine, i, len(micro))
+        values = shifted_values(engine(b.input_ids, b.attention_mask, b.position_ids))
+        ok = mask & torch.isfinite(values.detach())
+        if seen is not None:
+            seen.append(values.detach())
+        old = old_values[i] if old_values is not None else values.detach()
+        loss, _ = value_loss(values, torch.where(ok, old, 0.0), ret, ok, clip if old_values is not None else None)
+        n_mb = float(ok.sum())
+        engine.backward(loss * n_mb * scale)
+        total += float(loss.detach()) * n_mb
+        if i == len(micro) - 1 and plain_grads(engine):
+            gn0 = full_grad_norm(engine)
+        engine.step()  # DeepSpeed steps the optimizer only at the accumulation boundary
+    gn = engine.get_global_grad_norm()
+    norm = float(gn) if gn is not None else float(gn0 or 0.0)
+    return total, norm, int(getattr(engine, "skipped_steps", 0)) > skipped0
+
+
+# -- batch checks -----------------------------------------------------------------------------------------------
 
 
 def _no_signal(masks: list[torch.Tensor], advs: list[torch.Tensor]) -> bool:

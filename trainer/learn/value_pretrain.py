@@ -21,18 +21,12 @@ from sao.agent.records import Trajectory
 from sao.core.console import say
 from sao.core.jsonl import iter_jsonl
 from sao.trainer import distributed as dist_utils
+from sao.trainer.algos.losses import explained_variance_from_sums, explained_variance_sums
 from sao.trainer.algos.registry import AdvantageFn, advantage_traits, get_advantage
 from sao.trainer.config import Config, ConfigError, load_config
-from sao.trainer.learn.batch import Batch, collate
-from sao.trainer.learn.deepspeed_engine import (
-    critic_step,
-    ev_from_parts,
-    ev_parts,
-    grad_accum_steps,
-    make_engine,
-    shard_batch,
-    token_scale,
-)
+from sao.trainer.learn.batch import Batch, collate, shard_batch, token_scale
+from sao.trainer.learn.deepspeed_engine import grad_accum_steps, make_engine
+from sao.trainer.learn.learner import critic_step
 from sao.trainer.learn.models import shifted_values
 from sao.trainer.learn.targets import value_after, value_targets
 
@@ -138,9 +132,9 @@ def held_out_ev(critic: Any, held: list[Trajectory], cfg: Config, pad_id: int) -
         micro = shard_batch(full, cfg.deepspeed)
         vals = [shifted_values(critic(b.input_ids, b.attention_mask, b.position_ids)) for b in micro]
         rets = _returns(critic, full, micro, cfg)
-        for i, x in enumerate(ev_parts(vals, rets, [b.action_mask for b in micro])):
+        for i, x in enumerate(explained_variance_sums(vals, rets, [b.action_mask for b in micro])):
             parts[i] += x
-    return ev_from_parts(dist_utils.all_reduce_sum(parts))
+    return explained_variance_from_sums(dist_utils.all_reduce_sum(parts))
 
 
 def _ev_text(ev: float) -> str:
@@ -184,7 +178,7 @@ def fit_critic(
             total, norm, _ = critic_step(critic, micro, masks, rets, None, None, scale, seen=values)
             norms.append(norm)
             loss = dist_utils.all_reduce_sum([total])[0] / max(n_total, 1.0)
-            ev = ev_from_parts(dist_utils.all_reduce_sum(ev_parts(values, rets, masks)))
+            ev = explained_variance_from_sums(dist_utils.all_reduce_sum(explained_variance_sums(values, rets, masks)))
             steps += 1
         held_ev = held_out_ev(critic, held, cfg, pad_id)
         gn = sum(norms) / len(norms) if norms else float("nan")

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 
-from sao.trainer.learn.deepspeed_engine import micro_rows
+from sao.trainer.learn.batch import micro_rows
 from tests.conftest import cli_env, free_port
 from tests.integration.trainer._microbatch_worker import SHAPES, K, step_gradients
 

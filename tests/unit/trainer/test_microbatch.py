@@ -1,4 +1,4 @@
-"""Micro batches by a token budget (``sao.trainer.learn.deepspeed_engine.micro_rows`` / ``shard_batch``): the plan's
+"""Micro batches by a token budget (``sao.trainer.learn.batch.micro_rows`` / ``shard_batch``): the plan's
 invariants, the row cut it replaces, empty micro batches that keep ranks in step, and a gradient equal to the unsplit
 batch's."""
 
@@ -14,8 +14,8 @@ from sao.agent.records import Segment, Trajectory
 from sao.trainer import distributed as dist_utils
 from sao.trainer.algos.losses import value_loss
 from sao.trainer.config import ConfigError, DeepSpeedConfig, config_from_dict
-from sao.trainer.learn.batch import Batch, collate
-from sao.trainer.learn.deepspeed_engine import critic_step, micro_rows, shard_batch, shard_like, token_scale
+from sao.trainer.learn.batch import Batch, collate, micro_rows, shard_batch, shard_like, token_scale
+from sao.trainer.learn.learner import critic_step
 
 
 def _plan_rows(plan: list[list[list[int]]]) -> list[int]:
