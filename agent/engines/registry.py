@@ -85,23 +85,40 @@ class ModelSpec:
         return self.model or (self.urls[0] if self.urls else "") or self.path or self.kind
 
 
+CONTEXT_CAP = 32768
+"""The most context a spec's model gets when none is asked: KV memory and prefill time grow with it."""
+
+
 @dataclass(frozen=True)
 class SpecOptions:
-    """The eval CLI's options a spec's model is built with."""
+    """The eval CLI's options a spec's model is built with. ``max_context_tokens`` None: what the model allows
+    (``max_position_embeddings``, a server's ``max_model_len``), at most ``CONTEXT_CAP``; ``max_action_tokens``
+    None: ``1 / turns_in_context`` of the context, so the env's prompt and several turns fit."""
 
     tokenizer: str | None = None
-    max_context_tokens: int = 8192
-    max_action_tokens: int = 2048
+    max_context_tokens: int | None = None
+    max_action_tokens: int | None = None
     temperature: float = 0.0
     top_p: float = 1.0
+    turns_in_context: int = 8
     tasks: tuple[Any, ...] = ()
     """The task records the episodes will play (a demonstrator works from them; empty: not known)."""
+
+    def context_for(self, model_limit: int | None) -> int:
+        """The context to run with: the asked one (else ``CONTEXT_CAP``), never past the model's own limit."""
+        asked = self.max_context_tokens or CONTEXT_CAP
+        return min(asked, int(model_limit)) if model_limit else asked
+
+    def action_for(self, context: int) -> int:
+        """Tokens sampled per turn at most: the asked number, else a share of ``context``."""
+        return self.max_action_tokens or max(1, context // self.turns_in_context)
 
 
 @dataclass
 class SpecModel:
     """What a spec builds: a token ``engine`` with its ``tokenizer``, or a ``chat`` model, or ``per_task`` chat
-    models (a fresh one per task id). ``max_context_tokens``: the model's own limit when it is below the asked one.
+    models (a fresh one per task id). ``max_context_tokens``: the context it runs with (``SpecOptions.context_for``
+    of the model's own limit), None when the model declares none.
     ``check_tasks`` raises ``ModelSpecError`` for task ids it cannot play (before any episode runs)."""
 
     engine: Any = None

@@ -20,9 +20,14 @@ def _quiet(out: Path, verbose: bool) -> contextlib.AbstractContextManager[Any]:
 
 
 MODEL_HELP = (
-    "What plays the episodes: vllm:http://host:port[,http://...] (running vLLM servers), local:/ckpt (we serve it "
-    "with vLLM), hf:/ckpt (in-process transformers, tiny models), openai:MODEL@BASE_URL (any OpenAI-compatible chat "
-    "endpoint; key from OPENAI_API_KEY), scripted:FILE.jsonl (test fixture replaying fixed messages)."
+    "What plays the episodes: vllm:http://host:port[,http://...] (running vLLM servers), local:/ckpt or an alias "
+    "such as smollm2 (we serve it with vLLM), hf:/ckpt (in-process transformers, tiny models), "
+    "openai:MODEL@BASE_URL (any OpenAI-compatible chat endpoint; key from OPENAI_API_KEY), scripted:FILE.jsonl "
+    "(test fixture replaying fixed messages)."
+)
+CONTEXT_HELP = (
+    "Context length in tokens (default: what the model's config allows, max_position_embeddings or a server's "
+    "max_model_len, at most 32768)."
 )
 
 
@@ -58,8 +63,10 @@ def swebench_cmd(
     tokenizer: str = typer.Option(
         None, "--tokenizer", help="Tokenizer dir for vllm:/local:/hf: (default: the model's)."
     ),
-    max_context: int = typer.Option(32768, "--max-context", help="Context length in tokens (token engines)."),
-    max_tokens: int = typer.Option(4096, "--max-tokens", help="Tokens sampled per turn at most."),
+    max_context: int = typer.Option(None, "--max-context", help=CONTEXT_HELP),
+    max_tokens: int = typer.Option(
+        None, "--max-tokens", help="Tokens sampled per turn at most (default: 1/16 of the context)."
+    ),
     temperature: float = typer.Option(0.0, "--temperature", help="Sampling temperature."),
     agent: str = typer.Option("sao", "--agent", help=AGENT_HELP),
     agent_config: str = typer.Option(
@@ -116,8 +123,10 @@ def math_cmd(
     tokenizer: str = typer.Option(
         None, "--tokenizer", help="Tokenizer dir for vllm:/local:/hf: (default: the model's)."
     ),
-    max_context: int = typer.Option(32768, "--max-context", help="Context length in tokens (token engines)."),
-    max_tokens: int = typer.Option(8192, "--max-tokens", help="Tokens sampled per turn at most."),
+    max_context: int = typer.Option(None, "--max-context", help=CONTEXT_HELP),
+    max_tokens: int = typer.Option(
+        None, "--max-tokens", help="Tokens sampled per turn at most (default: 1/4 of the context)."
+    ),
     temperature: float = typer.Option(0.6, "--temperature", help="Sampling temperature."),
     top_p: float = typer.Option(0.95, "--top-p", help="Nucleus sampling."),
     verbose: bool = typer.Option(False, "--verbose", help=VERBOSE_HELP),

@@ -10,7 +10,7 @@ are those the registered engines declare (``sao.agent.engines.registry``; the sh
 - ``local:/path/to/checkpoint``: we launch a ``LocalVLLMServer`` on the checkpoint and stop it at the end.
 - ``hf:/path/to/checkpoint``: in-process transformers (``HFEngine``); for tiny models and CPU smoke runs.
   ``local:`` and ``hf:`` also take a model alias (``smollm2``, see ``sao.core.paths.resolve_model_path``), and a
-  bare alias (``--model smollm2``) means ``hf:`` on it.
+  bare alias (``--model smollm2``) means ``local:`` on it (vLLM: the engine staged runs use).
 - ``solver``: the Python-tool arithmetic solver (``sao.agent.engines.solver``; tokenizer from ``--tokenizer``, default
   ``smollm2``): correct tool-use demonstrations from the env itself.
 - ``openai:MODEL@BASE_URL``: any OpenAI-compatible chat endpoint (``OpenAIChatModel``; key from
@@ -36,6 +36,7 @@ from sao.agent.harness.protocols import Endpoint
 from sao.agent.harness.registry import DEFAULT_HARNESS, PlayerArgs, make_player
 from sao.agent.loop import AgentConfig
 from sao.agent.rollout import Player
+from sao.core.console import say
 from sao.core.jsonl import iter_jsonl, write_json_atomic
 
 SPEC_HELP = registry.spec_help()
@@ -117,21 +118,30 @@ async def build_model(
     spec: ModelSpec,
     *,
     tokenizer: str | None = None,
-    max_context_tokens: int = 8192,
-    max_action_tokens: int = 2048,
+    max_context_tokens: int | None = None,
+    max_action_tokens: int | None = None,
     temperature: float = 0.0,
     top_p: float = 1.0,
+    turns_in_context: int = 8,
     tasks: tuple[Any, ...] = (),
 ) -> EvalModel:
-    """Make the model a spec names (the registry entry of ``spec.kind`` builds it; ``local:`` starts a server)."""
-    options = SpecOptions(tokenizer, max_context_tokens, max_action_tokens, temperature, top_p, tasks=tuple(tasks))
+    """Make the model a spec names (the registry entry of ``spec.kind`` builds it; ``local:`` starts a server).
+
+    A limit left None is the model's own (``SpecOptions``): the context its config allows (at most
+    ``registry.CONTEXT_CAP``) and ``1 / turns_in_context`` of it per turn."""
+    if (max_context_tokens is not None and max_context_tokens < 2) or (max_action_tokens or 1) < 1:
+        raise EvalError(f"--max-context {max_context_tokens} / --max-tokens {max_action_tokens}: too small")
+    options = SpecOptions(
+        tokenizer, max_context_tokens, max_action_tokens, temperature, top_p, turns_in_context, tasks=tuple(tasks)
+    )
     try:
         built = await registry.build_spec_model(spec, options)
     except ModelSpecError as e:
         raise EvalError(str(e)) from e
+    context = built.max_context_tokens or options.context_for(None)
     m = EvalModel(
-        spec, built, max_context_tokens=built.max_context_tokens or max_context_tokens,
-        max_action_tokens=max_action_tokens, temperature=temperature, top_p=top_p,
+        spec, built, max_context_tokens=context, max_action_tokens=options.action_for(context),
+        temperature=temperature, top_p=top_p,
     )  # fmt: skip
     if m.max_context_tokens < 2:
         await m.close()
@@ -143,6 +153,9 @@ async def build_model(
 async def opened_model(spec: ModelSpec, task_ids: list[str], **build: Any) -> AsyncIterator[EvalModel]:
     """``build_model(spec, **build)``, checked against the task ids it will see, closed at the end."""
     model = await build_model(spec, **build)
+    if model.engine is not None:  # the limits it runs with, defaults included: a slow run is explained here
+        limits = f"context {model.max_context_tokens} tokens, at most {model.max_action_tokens} sampled per turn"
+        say(f"model {spec.name}: {limits}")
     try:
         model.check_tasks(task_ids)
         yield model

@@ -45,8 +45,8 @@ class MathEvalConfig:
     workers: int = 8
     max_steps: int = 10
     tokenizer: str | None = None
-    max_context_tokens: int = 32768
-    max_action_tokens: int = 8192
+    max_context_tokens: int | None = None  # None: what the model allows (sao.eval.common.build_model)
+    max_action_tokens: int | None = None  # None: a quarter of the context (one long reasoning turn)
     temperature: float = 0.6
     top_p: float = 0.95
 
@@ -125,7 +125,8 @@ async def run_math(cfg: MathEvalConfig) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     t0 = time.perf_counter()
     build = dict(tokenizer=cfg.tokenizer, max_context_tokens=cfg.max_context_tokens,
-                 max_action_tokens=cfg.max_action_tokens, temperature=cfg.temperature, top_p=cfg.top_p)  # fmt: skip
+                 max_action_tokens=cfg.max_action_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
+                 turns_in_context=4)  # fmt: skip
     async with opened_model(spec, [t["id"] for t in tasks], **build) as model:
         from sao.agent.rollout import Episode, EpisodeRunner, RunnerConfig
 

@@ -36,6 +36,9 @@ from sao.eval.harness import grade_with_harness, load_predictions
 from sao.sandboxes.protocols import SandboxError
 
 OFFLINE_ALIAS = "offline"
+#: Default tokens per turn: this share of the context. A SWE episode is many short turns (a thought and one command
+#: each), and a small model that never calls a tool must not spend minutes per turn before its format errors end it.
+SWE_TURNS_IN_CONTEXT = 16
 SWE_ENV = "sao/SWE-v0"
 
 
@@ -51,8 +54,8 @@ class SWEEvalConfig:
     max_steps: int = 50
     split: str = "test"
     tokenizer: str | None = None
-    max_context_tokens: int = 32768
-    max_action_tokens: int = 4096
+    max_context_tokens: int | None = None  # None: what the model allows (sao.eval.common.build_model)
+    max_action_tokens: int | None = None  # None: 1/16 of the context (SWE_TURNS_IN_CONTEXT)
     temperature: float = 0.0
     grade_timeout_s: float = 1800.0
     harness: bool = False
@@ -168,7 +171,8 @@ async def run_swebench(cfg: SWEEvalConfig) -> dict[str, Any]:
     t0 = time.perf_counter()
     if todo:
         build = dict(tokenizer=cfg.tokenizer, max_context_tokens=cfg.max_context_tokens,
-                     max_action_tokens=cfg.max_action_tokens, temperature=cfg.temperature)  # fmt: skip
+                     max_action_tokens=cfg.max_action_tokens, temperature=cfg.temperature,
+                     turns_in_context=SWE_TURNS_IN_CONTEXT)  # fmt: skip
         async with opened_model(spec, [r["instance_id"] for r in todo], **build) as model:
             await _run_all(todo, model, cfg, len(records) - len(todo))
     preds, results = finished(out)

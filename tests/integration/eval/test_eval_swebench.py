@@ -15,23 +15,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from tests._require import missing
-
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
-
-
-@pytest.fixture(scope="session")
-def eval_tasks(base_image: str) -> list[dict[str, Any]]:
-    """One six task and one toolz task from the cached offline set (same cache as tests/integration/swe)."""
-    from sao.envs.swe.tasks import ensure_offline_tasks
-    from sao.envs.swe.tasks.fetch import FetchError
-
-    try:
-        records = ensure_offline_tasks(n_per_package=2)
-    except FetchError as e:
-        missing("the sdists/wheels of the offline SWE tasks", f"{e}; run once with access to the package index")
-    firsts = {r["sao_mutation"]["sdist"]: r for r in reversed(records)}
-    return sorted(firsts.values(), key=lambda r: r["instance_id"])
 
 
 def _call(name: str, **args: Any) -> str:

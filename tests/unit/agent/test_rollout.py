@@ -122,3 +122,26 @@ async def test_a_sample_of_episodes_is_checked_for_render_drift_and_records_are_
     checked = sorted(t.info["episode"] for t in got if "render_drift" in t.info)
     assert checked == [0, 2, 4] and all(t.info["render_drift"] == 0.0 for t in got if "render_drift" in t.info)
     assert sorted(t.info["seed"] for t in got) == [0, 1, 2, 3, 4]
+
+
+async def test_a_cancelled_run_cancels_its_episodes_and_closes_their_envs() -> None:
+    """Ctrl-C / SIGTERM cancel ``sao``'s main task: the runner must stop its episodes (their envs closed), not wait
+    for them to finish (the engine here would take 60 s a turn)."""
+    envs: list[ScriptedEnv] = []
+
+    def factory() -> ScriptedEnv:
+        envs.append(two_turn_env())
+        return envs[-1]
+
+    worker = runner(factory, ScriptedEngine([[40, 2]], delay_s=60.0), 3)
+    run = asyncio.ensure_future(worker.run(episodes_of(range(3))))
+    while len(envs) < 3:
+        await asyncio.sleep(0.01)
+    t0 = asyncio.get_running_loop().time()
+    run.cancel()
+    try:
+        await run
+    except asyncio.CancelledError:
+        pass
+    assert asyncio.get_running_loop().time() - t0 < 5.0
+    assert len(envs) == 3 and all(e.closed for e in envs)

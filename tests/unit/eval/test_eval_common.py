@@ -87,3 +87,37 @@ def test_hub_unreachable_fails_fast_with_a_local_file_hint(monkeypatch: pytest.M
         eval_swebench.load_swe_dataset("SWE-bench/SWE-bench_Verified")
     assert time.monotonic() - t0 < 5
     assert "not reachable" in str(e.value) and "--dataset FILE" in str(e.value)
+
+
+def test_limits_default_to_what_the_model_allows() -> None:
+    from sao.agent.engines.registry import CONTEXT_CAP, SpecOptions
+    from sao.cli.eval_cmd import CONTEXT_HELP
+
+    o = SpecOptions(turns_in_context=16)
+    assert o.context_for(8192) == 8192  # SmolLM2's max_position_embeddings
+    assert o.context_for(131072) == CONTEXT_CAP == 32768 and f"at most {CONTEXT_CAP}" in CONTEXT_HELP
+    assert o.context_for(None) == CONTEXT_CAP  # a model that declares no limit
+    assert o.action_for(8192) == 512 and o.action_for(CONTEXT_CAP) == 2048
+    asked = SpecOptions(max_context_tokens=4096, max_action_tokens=300)
+    assert asked.context_for(8192) == 4096 and asked.context_for(2048) == 2048  # never past the model's own
+    assert asked.action_for(4096) == 300
+
+
+def test_a_bare_alias_runs_on_vllm_and_says_how_when_vllm_is_missing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import importlib.util
+
+    monkeypatch.setenv("SAO_CACHE", str(tmp_path))
+    with pytest.raises(EvalError, match=r"holds no model; run scripts/setup\.sh"):
+        parse_model_spec("smollm2")
+    from sao.core.paths import smollm2_dir
+
+    smollm2_dir().mkdir(parents=True)
+    (smollm2_dir() / "config.json").write_text("{}")
+    if importlib.util.find_spec("vllm") is not None:
+        assert parse_model_spec("smollm2") == parse_model_spec(f"local:{smollm2_dir()}")
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
+    with pytest.raises(EvalError, match=r"vLLM, which is not installed.*--model hf:smollm2"):
+        parse_model_spec("smollm2")

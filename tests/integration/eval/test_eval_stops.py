@@ -1,0 +1,67 @@
+"""`sao eval swebench` as a user runs it, in a subprocess of the console entry: SIGTERM (what `kill`, a scheduler or
+a CI timeout sends) stops it cleanly, with no container of it left behind, long before its episode would end."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import cli_env
+
+pytestmark = [pytest.mark.docker, pytest.mark.timeout(300)]
+ROOT = Path(__file__).resolve().parents[3]
+SLEEP_S = 150  # the scripted episode's command: far longer than a clean stop may take
+
+
+def _containers_of(client: Any, pid: int) -> list[Any]:
+    from sao.sandboxes.docker import OWNER_PID_LABEL
+
+    return list(client.containers.list(all=True, filters={"label": f"{OWNER_PID_LABEL}={pid}"}))
+
+
+def test_sigterm_removes_the_eval_containers_before_it_exits(
+    eval_tasks: list[dict[str, Any]], docker_client: Any, tmp_path: Path
+) -> None:
+    task = eval_tasks[0]
+    dataset = tmp_path / "tasks.jsonl"
+    dataset.write_text(json.dumps(task) + "\n")
+    call = json.dumps({"name": "bash", "arguments": {"command": f"sleep {SLEEP_S}"}})
+    script = tmp_path / "sleep.jsonl"
+    script.write_text(json.dumps({"id": task["instance_id"], "actions": [f"<tool_call>{call}</tool_call>"]}) + "\n")
+    cmd = [
+        sys.executable, "-m", "sao.cli.main", "eval", "swebench", "--model", f"scripted:{script}",
+        "--dataset", str(dataset), "--out", str(tmp_path / "out"), "--workers", "1", "--max-steps", "3",
+    ]  # fmt: skip
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        # the episode's container runs its command once `sleep` shows in it (the env's setup commands are done)
+        while time.monotonic() < deadline and proc.poll() is None:
+            running = [c for c in _containers_of(docker_client, proc.pid) if c.status == "running"]
+            if any("sleep" in " ".join(p[-1] for p in c.top()["Processes"]) for c in running):
+                break
+            time.sleep(0.5)
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, "no container of the eval ran its command within 180 s"
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+        stop_s = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    left = _containers_of(docker_client, proc.pid)
+    for c in left:
+        c.remove(force=True)
+    assert not left, f"{len(left)} container(s) of the stopped eval left behind; stderr: {err[-2000:]}"
+    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
+    assert stop_s < SLEEP_S / 2, f"the stop took {stop_s:.0f} s: it waited for the episode instead of ending it"
+    print(f"SIGTERM to exit: {stop_s:.1f} s")
