@@ -14,8 +14,9 @@ the engine (or, for a plain OpenAI-compatible endpoint, nothing is recorded); th
 
 The trajectories are the session's rows (``SessionRecord.trajectories``): each row is exactly what the engine saw
 and sampled, every row carries the episode's reward and status, and ``info`` gains the harness's description
-(``harness``), its exit status, the turns (commands run), ``row`` / ``rows`` and ``prefix_breaks``. An unrecorded
-endpoint gives one trajectory without segments whose ``info["messages"]`` is the agent's conversation.
+(``harness``), its exit status, the turns (commands run), ``row`` / ``rows`` and ``prefix_breaks``; the episode's
+timings sit on its last row. An unrecorded endpoint gives one trajectory without segments whose
+``info["messages"]`` is the agent's conversation.
 
 The gateway lives while the player is open (``async with player``; the episode runner keeps it open while it
 runs); a player used outside that opens one for the episode alone.

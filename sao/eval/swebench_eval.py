@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from sao.agent.harness.registry import describe_harness
+from sao.agent.harness.registry import describe_harness, harness_spec
 from sao.agent.records import Trajectory
 from sao.core.console import say
 from sao.envs.datasets import HUB_PROBE_TIMEOUT_S, hub_available
@@ -69,8 +69,6 @@ class SWEEvalConfig:
             raise EvalError(f"--workers must be >= 1, got {self.workers}")
         if self.max_steps < 1:
             raise EvalError(f"--max-steps must be >= 1, got {self.max_steps}")
-        from sao.agent.harness.registry import harness_spec
-
         try:
             harness_spec(self.agent).check_env(SWE_ENV)
         except ValueError as e:

@@ -5,6 +5,7 @@ an env's bash tool, and episodes of the real mini-swe-agent package through the 
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 from typing import Any
 
@@ -254,3 +255,20 @@ async def test_a_plain_endpoint_records_nothing_but_the_conversation(tok: Any, t
     assert row.status == "ok" and row.reward == 1.0 and row.segments == ()
     roles = [m["role"] for m in row.info["messages"]]
     assert roles[:3] == ["system", "user", "assistant"] and roles[-1] == "exit"
+
+
+async def test_the_function_calling_config_works_through_the_gateways_tool_calls(tok: Any, tmp_path: Path) -> None:
+    """mini-swe-agent's `swebench` config: OpenAI tool calls out of the gateway, tool results back, one row."""
+
+    def call(command: str) -> str:
+        return '<tool_call>{"name": "bash", "arguments": {"command": ' + json.dumps(command) + "}}</tool_call>"
+
+    engine = ScriptedEngine([act(tok, call(FIX)), act(tok, call(SUBMIT))])
+    args = PlayerArgs(AgentConfig(8192, 256, max_turns=10), engine, tok, config="swebench")
+    env = ShellEnv(tmp_path / "repo")
+    (row,) = await play(make_player("mini_swe_agent", args), env)  # type: ignore[arg-type]
+    assert row.status == "ok" and row.reward == 1.0 and row.info["prefix_breaks"] == 0
+    assert row.info["harness"]["model_class"] == "litellm" and [c.split("\n")[-1] for c in env.commands] == [
+        FIX,
+        SUBMIT,
+    ]
