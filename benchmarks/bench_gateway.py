@@ -99,21 +99,33 @@ async def _gateway_episode(gw: Any, client: Any, i: int, cfg: GatewayBenchConfig
     return gw.close_session(base.rsplit("/", 2)[-2]), client_s
 
 
-async def _gateway_waves(gw: Any, n: int, c: int, cfg: GatewayBenchConfig) -> tuple[float, list[Any], float]:
-    """(wall seconds, records, summed client seconds) of ``n`` episodes through the gateway, ``c`` at a time."""
+@dataclass
+class Waves:
+    """Episodes through the gateway: their records, the waves' wall and CPU seconds (this process, the client
+    included), and the summed wall seconds of each call as its client saw it."""
+
+    records: list[Any]
+    wall_s: float = 0.0
+    cpu_s: float = 0.0
+    client_s: float = 0.0
+
+
+async def _gateway_waves(gw: Any, n: int, c: int, cfg: GatewayBenchConfig) -> Waves:
+    """``n`` episodes through the gateway, ``c`` at a time (after a warm-up episode that is not counted)."""
     import httpx
 
     limits = httpx.Limits(max_connections=c + 4, max_keepalive_connections=c + 4)
-    wall, records, client_s = 0.0, [], 0.0
+    out = Waves([])
     async with httpx.AsyncClient(timeout=600.0, limits=limits) as client:
-        await _gateway_episode(gw, client, 0, cfg)  # warm-up: connections, first render
+        await _gateway_episode(gw, client, 0, cfg)  # warm-up: connections, the template's compilation
         for first in range(0, n, c):
-            t0 = time.perf_counter()
+            t0, cpu0 = time.perf_counter(), time.process_time()
             done = await asyncio.gather(*(_gateway_episode(gw, client, i, cfg) for i in range(first, first + c)))
-            wall += time.perf_counter() - t0
-            records += [r for r, _ in done]
-            client_s += sum(s for _, s in done)
-    return wall, records, client_s
+            out.wall_s += time.perf_counter() - t0
+            out.cpu_s += time.process_time() - cpu0
+            out.records += [r for r, _ in done]
+            out.client_s += sum(s for _, s in done)
+    return out
 
 
 async def _direct_waves(engine: Any, records: list[Any], c: int, sampling: Any) -> tuple[float, bool]:
@@ -146,15 +158,14 @@ async def _level(engine: Any, tok: Any, c: int, cfg: GatewayBenchConfig, context
     gw = Gateway(engine, tok, max_context_tokens=context, max_action_tokens=cfg.max_tokens, temperature=cfg.temperature)
     sampling = SamplingParams(cfg.max_tokens, cfg.temperature, 1.0, (), tuple(gw.chat.stop_token_ids()))
     async with gw:
-        wall_a, records, client_a = await _gateway_waves(gw, n, c, cfg)
-        direct_a, same_a = await _direct_waves(engine, records, c, sampling)
-        direct_b, same_b = await _direct_waves(engine, records, c, sampling)
-        wall_b, records_b, client_b = await _gateway_waves(gw, n, c, cfg)
-    calls = [call for r in records + records_b for call in r.engine_calls]
+        a = await _gateway_waves(gw, n, c, cfg)
+        direct_a, same_a = await _direct_waves(engine, a.records, c, sampling)
+        direct_b, same_b = await _direct_waves(engine, a.records, c, sampling)
+        b = await _gateway_waves(gw, n, c, cfg)
+    calls = [call for r in a.records + b.records for call in r.engine_calls]
     engine_s = sum(x.engine_s for x in calls)
-    return Level(
-        c, n, len(calls), direct_a + direct_b, wall_a + wall_b, engine_s, client_a + client_b, same_a and same_b
-    )
+    gateway_s, client_s = a.wall_s + b.wall_s, a.client_s + b.client_s
+    return Level(c, n, len(calls), direct_a + direct_b, gateway_s, engine_s, client_s, same_a and same_b)
 
 
 async def _fixed_cost(tok: Any, cfg: GatewayBenchConfig, context: int) -> dict[str, dict[str, float]]:
@@ -170,15 +181,10 @@ async def _fixed_cost(tok: Any, cfg: GatewayBenchConfig, context: int) -> dict[s
     for c in cfg.concurrency:
         n = max(c, cfg.episodes_at_1)
         async with Gateway(engine, tok, max_context_tokens=context, max_action_tokens=cfg.max_tokens) as gw:
-            cpu0 = time.process_time()
-            wall, records, client_s = await _gateway_waves(gw, n, c, cfg)
-            cpu = time.process_time() - cpu0
-        calls = sum(r.calls for r in records) + cfg.turns  # + the warm-up episode (in the CPU time)
-        out[str(c)] = {
-            "wall_ms": 1000 * wall / (calls - cfg.turns),
-            "latency_ms": 1000 * client_s / (calls - cfg.turns),
-            "cpu_ms": 1000 * cpu / calls,
-        }
+            w = await _gateway_waves(gw, n, c, cfg)
+        calls = sum(r.calls for r in w.records)
+        out[str(c)] = {"wall_ms": 1000 * w.wall_s / calls, "latency_ms": 1000 * w.client_s / calls}
+        out[str(c)]["cpu_ms"] = 1000 * w.cpu_s / calls
     return out
 
 
