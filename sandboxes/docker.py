@@ -30,7 +30,8 @@ and the container lives on (``ExecResult(exit_code=124, timed_out=True)``). Some
 group and still holds the output open is killed too, ``kill_grace_s`` later (``kill -9 -1`` as the user). Output
 is read from the exec's connection as it comes (``exec_start(socket=True)``, docker-py's public handle on it; each
 exec waits for a gate line on its stdin before it prints, so nothing it prints can be caught in the HTTP client's
-buffer) and capped (head + tail) so a command printing gigabytes costs the host ``output_cap_bytes``. Containers carry the labels ``sao.owner=sao``, ``sao.owner_pid`` and ``sao.owner_host``;
+buffer) and capped (head + tail) so a command printing gigabytes costs the host ``output_cap_bytes``. Containers
+carry the labels ``sao.owner=sao``, ``sao.owner_pid`` and ``sao.owner_host``;
 ``reap_orphans()`` removes those whose owner process is gone.
 
 Daemon restarts: a command running when the daemon goes away raises ``SandboxUnavailableError`` (the episode is an

@@ -7,7 +7,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ["sao/core", "sao/sandboxes", "sao/envs", "sao/agent", "sao/eval", "sao/trainer", "sao/benchmarks", "sao/cli"]
+PACKAGES = [f"sao/{part}" for part in ("core", "sandboxes", "envs", "agent", "eval", "trainer", "benchmarks", "cli")]
 LIMIT = 80
 
 

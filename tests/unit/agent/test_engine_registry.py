@@ -130,6 +130,7 @@ def test_script_errors_name_the_line(tmp_path: Path) -> None:
 # ---- engine names are branched on in the registry only ------------------------------------------------------------
 # ("local" is left out: it is also cluster.backend's value.)
 ENGINE_WORDS = {"hf", "vllm", "solver", "swe_demonstrator", "openai", "scripted"}
+PARTS = [f"sao/{part}" for part in ("core", "sandboxes", "envs", "agent", "eval", "trainer", "benchmarks", "cli")]
 REGISTRY_FILES = {"sao/agent/engines/registry.py", "sao/agent/engines/builtin.py"}
 # Files that name engines for another reason than choosing one:
 NOT_A_CHOICE = {
@@ -163,7 +164,7 @@ def test_the_checker_sees_a_branch_on_an_engine_name() -> None:
 
 def test_engine_names_are_branched_on_only_in_the_registry() -> None:
     found = []
-    for pkg in ("sao/core", "sao/sandboxes", "sao/envs", "sao/agent", "sao/eval", "sao/trainer", "sao/benchmarks", "sao/cli"):
+    for pkg in PARTS:
         for path in sorted((ROOT / pkg).rglob("*.py")):
             rel = path.relative_to(ROOT).as_posix()
             if rel not in REGISTRY_FILES | NOT_A_CHOICE:

@@ -174,7 +174,7 @@ async def test_episodes_through_the_loop_are_tool_calls_for_the_prompts_task() -
 
 
 def test_unknown_demonstrators_and_ambiguous_tasks_are_refused() -> None:
-    with pytest.raises(ValueError, match="unknown demonstrator .oracle.; registered: solver, swe_demonstrator"):
+    with pytest.raises(ValueError, match=r"unknown demonstrator .oracle.; registered: solver, swe_demonstrator"):
         make_demonstrator("oracle", TOK, [])
     with pytest.raises(ValueError, match="share a problem statement"):
         make_demonstrator("swe_demonstrator", TOK, [task(), task(instance_id="b", patch=PATCH.replace("0", "9"))])

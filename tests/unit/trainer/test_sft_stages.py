@@ -125,8 +125,8 @@ def test_pooled_paired_difference_averages_seeds_within_a_task_and_takes_the_se_
 
 
 def test_held_out_set_is_one_set_for_every_seed_and_never_a_training_task() -> None:
-    from sao.trainer.runs.stages import held_out_tasks, training_tasks
     from sao.trainer.config import load_config
+    from sao.trainer.runs.stages import held_out_tasks, training_tasks
 
     root = Path(__file__).resolve().parents[3]
     sets = []
