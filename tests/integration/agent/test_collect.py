@@ -83,7 +83,7 @@ def test_bad_input_is_refused_with_the_fix(tmp_path: Path) -> None:
     assert res.exit_code == 2 and "unknown model kind" in res.output
     res = CliRunner().invoke(app, ["collect", "--model", "solver", "--env", "sao/Nope-v0", "--n", "1",
                                    "--out", str(tmp_path)])  # fmt: skip
-    assert res.exit_code == 2 and "not registered" in res.output
+    assert res.exit_code == 2 and "unknown env id" in res.output
 
 
 @pytest.mark.docker
