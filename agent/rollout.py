@@ -393,8 +393,9 @@ def _turn_limit(player: Any) -> int | None:
 
 @contextlib.asynccontextmanager
 async def _counting_turns(player: Any, bar: _Advance) -> AsyncIterator[None]:
-    """While the runner runs, a ``TokenPlayer``'s turns advance the progress line's ETA."""
-    if not isinstance(player, TokenPlayer) or player.on_turn is not None:
+    """While the runner runs, the turns of a player that reports them (an ``on_turn`` hook: a ``TokenPlayer``, a
+    harness's player) advance the progress line's ETA."""
+    if not hasattr(player, "on_turn") or player.on_turn is not None:
         yield
         return
     player.on_turn = bar.turn

@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,6 +56,8 @@ class HarnessPlayer:
     endpoint: Endpoint | None = None
     wall_s: float = 0.0
     model_name: str = GATEWAY_MODEL
+    on_turn: Callable[[], None] | None = None
+    """Called after each command the agent runs (the runner's progress counts turns of episodes in flight)."""
 
     def __post_init__(self) -> None:
         if (self.engine is None) == (self.endpoint is None):
@@ -101,7 +104,7 @@ class HarnessPlayer:
         def exhausted() -> bool:
             return sid is not None and bool(gateway.record(sid).context_exhausted)
 
-        workspace = EnvWorkspace(env, episode.task, obs, exhausted=exhausted)
+        workspace = EnvWorkspace(env, episode.task, obs, exhausted=exhausted, on_command=self.on_turn)
         limits = HarnessLimits(self.agent.max_turns, self.wall_s)
         try:
             end = await self.harness.play(workspace, endpoint, limits)

@@ -32,7 +32,8 @@ class EnvWorkspace:
     """The ``Workspace`` of one episode of a reset SAO env (see the module doc).
 
     ``exhausted``: whether the gateway's context budget is spent (a command the model wrote into the last room is
-    then not run, as SAO's own loop does not run an action that filled the context)."""
+    then not run, as SAO's own loop does not run an action that filled the context); ``on_command``: called after
+    each command the env ran."""
 
     def __init__(
         self,
@@ -42,9 +43,10 @@ class EnvWorkspace:
         *,
         exhausted: Callable[[], bool] = lambda: False,
         tool: str = BASH_TOOL,
+        on_command: Callable[[], None] | None = None,
     ) -> None:
         self.env, self.task, self.prompt, self.tool = env, task, prompt, tool
-        self._exhausted = exhausted
+        self._exhausted, self._on_command = exhausted, on_command
         self._loop = asyncio.get_running_loop()
         self._lock = asyncio.Lock()  # one command at a time: the env steps in order
         self.steps = 0
@@ -80,6 +82,8 @@ class EnvWorkspace:
         finally:
             self.env_s += time.perf_counter() - t0
         self.steps += 1
+        if self._on_command is not None:
+            self._on_command()
         self.reward += float(reward)
         self.info.update(info)
         if info.get("infra_error"):

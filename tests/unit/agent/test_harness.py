@@ -212,8 +212,11 @@ async def test_the_envs_own_limit_ends_the_agent_and_its_grade_stands(tok: Any, 
     engine = ScriptedEngine([act(tok, mini("Fix.", FIX)), act(tok, mini("Look.", "ls"))])
     player = make_player("mini_swe_agent", PlayerArgs(AgentConfig(4096, 128, max_turns=10), engine, tok))
     env = ShellEnv(tmp_path / "repo", max_steps=2)
+    turns: list[int] = []
+    player.on_turn = lambda: turns.append(1)  # type: ignore[attr-defined]  # the runner's progress line counts these
     (row,) = await play(player, env)  # type: ignore[arg-type]
     assert row.status == "truncated" and row.info["truncation_reason"] == "step_limit" and row.reward == 1.0
+    assert len(turns) == 2
     assert env.ended == [] and len(env.commands) == 2  # the env graded at its limit; SAO did not grade again
 
 
