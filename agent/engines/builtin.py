@@ -204,9 +204,9 @@ register_engine(
 
 
 def _mini_swe_demonstrator(tokenizer: Any, tasks: list[dict[str, Any]]) -> Engine:
-    from sao.agent.engines.mini_swe_demonstrator import MiniSWEDemonstratorEngine
+    from sao.agent.engines.mini_swe_demonstrator import mini_swe_demonstrator_engine
 
-    return MiniSWEDemonstratorEngine(tokenizer, tasks)
+    return mini_swe_demonstrator_engine(tokenizer, tasks)
 
 
 register_engine(

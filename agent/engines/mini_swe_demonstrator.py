@@ -1,4 +1,4 @@
-"""MiniSWEDemonstratorEngine (model spec ``mini_swe_demonstrator``): works SWE tasks as a bash-only agent would.
+"""The mini-swe-agent demonstrator (model spec ``mini_swe_demonstrator``): works SWE tasks as a bash-only agent would.
 
 The demonstrator for the ``mini_swe_agent`` harness: it answers in mini-swe-agent's text format (a ``THOUGHT:``
 line and one ```` ```mswea_bash_command ```` block) behind SAO's gateway, so its episodes are played by the real
@@ -29,19 +29,19 @@ from __future__ import annotations
 import re
 import shlex
 from collections.abc import Generator, Iterable
-from typing import Any
+from typing import Any, cast
 
-from sao.agent.chat import ChatRenderer
-from sao.agent.conversation import action_ids
-from sao.agent.engines.protocols import EngineError, Generation, SamplingParams
+from sao.agent.engines.protocols import EngineError
 from sao.agent.engines.swe_demonstrator import (
-    CHATML_MESSAGE,
     MAX_CHECKED_TESTS,
     VIEW_MARGIN,
+    SWEDemonstratorEngine,
+    conversation_after,
     def_lines,
     mentions,
     parse_patch,
     pytest_command,
+    replay,
     show_test_command,
 )
 
@@ -137,66 +137,19 @@ def _edits(hunks: list[Any], views: list[tuple[int, int]]) -> Generator[Step, st
 def conversation(prompt_text: str) -> tuple[str, list[str]]:
     """(the PR description, the observation that answered each assistant message) of a ChatML prompt of
     mini-swe-agent's SWE-bench config."""
-    messages = [(m.group(1), m.group(2)) for m in CHATML_MESSAGE.finditer(prompt_text)]
-    at = next((i for i, (role, text) in enumerate(messages) if role == "user" and _PR.search(text)), None)
-    if at is None:
-        raise EngineError("mini_swe_demonstrator: no <pr_description> in the prompt; it works mini-swe-agent's tasks")
-    pr = _PR.search(messages[at][1])
-    assert pr is not None
-    observations = [messages[i + 1][1] if i + 1 < len(messages) else "" for i in range(at + 1, len(messages))
-                    if messages[i][0] == "assistant"]  # fmt: skip
-    return pr.group(1).strip(), observations
+    return conversation_after(prompt_text, _PR, "mini_swe_demonstrator", "<pr_description>")
 
 
 def next_step(task: dict[str, Any], observations: list[str]) -> Step:
     """The step that follows ``observations`` (one per action so far) in ``task``'s demonstration."""
-    script = demonstration(task)
-    step = next(script)
-    try:
-        for obs in observations:
-            step = script.send(obs)
-    except StopIteration:
-        raise EngineError("mini_swe_demonstrator: the episode went on after its submit") from None
-    return step
+    return cast(Step, replay(demonstration(task), observations, "mini_swe_demonstrator"))
 
 
-class MiniSWEDemonstratorEngine:
-    """An Engine writing the demonstrator's actions (module doc) for ``tasks`` as token ids of ``tokenizer``."""
-
-    def __init__(self, tokenizer: Any, tasks: Iterable[dict[str, Any]], version: int = 0) -> None:
-        self.chat = ChatRenderer(tokenizer)
-        self._version = version
-        self.by_issue: dict[str, dict[str, Any]] = {}
-        for t in tasks:
-            key = str(t["problem_statement"]).strip()
-            other = self.by_issue.get(key)
-            if other is not None and other["patch"] != t["patch"]:
-                raise ValueError(
-                    f"mini_swe_demonstrator: tasks {other['instance_id']} and {t['instance_id']} share a problem "
-                    "statement but not a fix; it cannot tell them apart (drop one of them)"
-                )
-            self.by_issue[key] = t
-        if not self.by_issue:
-            raise ValueError("mini_swe_demonstrator: no tasks given; it works the SWE records it is given (--tasks)")
-
-    @property
-    def version(self) -> int:
-        return self._version
-
-    async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Generation:
-        text = self.chat.tokenizer.decode(prompt_ids, skip_special_tokens=False)
-        issue, observations = conversation(text)
-        task = self.by_issue.get(issue)
-        if task is None:
-            raise EngineError("mini_swe_demonstrator: the prompt's PR description is none of the tasks it was given")
-        ids = action_ids(self.chat, action_text(*next_step(task, observations)))
-        finish = "stop"
-        if len(ids) > sampling.max_tokens:  # cut where a model would be cut
-            ids, finish = ids[: sampling.max_tokens], "length"
-        return Generation(tuple(ids), tuple(0.0 for _ in ids), finish, self._version)
-
-    async def update_weights(self, checkpoint_dir: str, version: int) -> None:
-        self._version = version
-
-    async def close(self) -> None:
-        return None
+def mini_swe_demonstrator_engine(
+    tokenizer: Any, tasks: Iterable[dict[str, Any]], version: int = 0
+) -> SWEDemonstratorEngine:
+    """The engine writing this module's bash-only demonstration (module doc) for ``tasks`` as token ids."""
+    return SWEDemonstratorEngine(
+        tokenizer, tasks, version, name="mini_swe_demonstrator", marker=_PR, what="<pr_description>",
+        next_text=lambda task, obs: action_text(*next_step(task, obs)),
+    )  # fmt: skip

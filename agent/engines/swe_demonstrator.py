@@ -32,9 +32,9 @@ from __future__ import annotations
 import json
 import re
 import shlex
-from collections.abc import Generator, Iterable
+from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from sao.agent.chat import ChatRenderer
 from sao.agent.conversation import action_ids
@@ -281,49 +281,83 @@ def unshown_steps(task: dict[str, Any], calls: list[Call], observations: list[st
     return out
 
 
-def conversation_after_issue(prompt_text: str) -> tuple[str, list[str]]:
-    """(the issue text, the observations that followed each assistant message after it) from a ChatML prompt."""
+def conversation_after(prompt_text: str, marker: re.Pattern[str], name: str, what: str) -> tuple[str, list[str]]:
+    """(the text ``marker`` captures in the first user message it matches, the observations that followed each
+    assistant message after it) from a ChatML prompt; ``name`` (the demonstrator) and ``what`` (the marker's tag)
+    make the error."""
     messages = [(m.group(1), m.group(2)) for m in CHATML_MESSAGE.finditer(prompt_text)]
-    at = next((i for i, (role, text) in enumerate(messages) if role == "user" and _ISSUE.search(text)), None)
+    at = next((i for i, (role, text) in enumerate(messages) if role == "user" and marker.search(text)), None)
     if at is None:
-        raise EngineError("swe_demonstrator: no <issue> in the prompt; it only works SWE tasks")
-    issue = _ISSUE.search(messages[at][1])
-    assert issue is not None
+        raise EngineError(
+            f"{name}: the prompt holds no task it knows ({marker.pattern[:40]}...); it only works SWE tasks"
+        )
+    found = marker.search(messages[at][1])
+    assert found is not None
     observations = [messages[i + 1][1] if i + 1 < len(messages) else "" for i in range(at + 1, len(messages))
                     if messages[i][0] == "assistant"]  # fmt: skip
-    return issue.group(1).strip(), observations
+    return found.group(1).strip(), observations
+
+
+def conversation_after_issue(prompt_text: str) -> tuple[str, list[str]]:
+    """(the issue text, the observations that followed each assistant message after it) from a ChatML prompt."""
+    return conversation_after(prompt_text, _ISSUE, "swe_demonstrator", "<issue>")
+
+
+def replay(script: Generator[Any, str, None], observations: list[str], name: str) -> Any:
+    """The step a demonstration ``script`` (a generator fed one observation per step) takes after ``observations``."""
+    step = next(script)
+    try:
+        for obs in observations:
+            step = script.send(obs)
+    except StopIteration:
+        raise EngineError(f"{name}: the episode went on after its submit") from None
+    return step
 
 
 def next_call(task: dict[str, Any], observations: list[str]) -> Call:
     """The call that follows ``observations`` (one per call made so far) in ``task``'s demonstration."""
-    script = demonstration(task)
-    call = next(script)
-    try:
-        for obs in observations:
-            call = script.send(obs)
-    except StopIteration:
-        raise EngineError("swe_demonstrator: the episode went on after its submit") from None
-    return call
+    return cast(Call, replay(demonstration(task), observations, "swe_demonstrator"))
+
+
+def tasks_by_issue(tasks: Iterable[dict[str, Any]], name: str) -> dict[str, dict[str, Any]]:
+    """SWE records by their problem statement (how a demonstrator finds its task in a prompt); two records with one
+    statement and different fixes cannot be told apart and are refused."""
+    by_issue: dict[str, dict[str, Any]] = {}
+    for t in tasks:
+        key = str(t["problem_statement"]).strip()
+        other = by_issue.get(key)
+        if other is not None and other["patch"] != t["patch"]:
+            raise ValueError(
+                f"{name}: tasks {other['instance_id']} and {t['instance_id']} share a problem statement but not a "
+                "fix; it cannot tell them apart (drop one of them)"
+            )
+        by_issue[key] = t
+    if not by_issue:
+        raise ValueError(f"{name}: no tasks given; it works the SWE records it is given (--tasks)")
+    return by_issue
 
 
 class SWEDemonstratorEngine:
-    """An Engine that writes the demonstrator's actions (module doc) for ``tasks`` as token ids of ``tokenizer``."""
+    """An Engine that writes a demonstrator's actions for ``tasks`` as token ids of ``tokenizer``: by default this
+    module's (tool calls of the SWE env); ``name`` / ``marker`` / ``next_text`` make another script's engine (the
+    task found by ``marker`` in the prompt, the action text from ``next_text(task, observations)``)."""
 
-    def __init__(self, tokenizer: Any, tasks: Iterable[dict[str, Any]], version: int = 0) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        tasks: Iterable[dict[str, Any]],
+        version: int = 0,
+        *,
+        name: str = "swe_demonstrator",
+        marker: re.Pattern[str] = _ISSUE,
+        what: str = "<issue>",
+        next_text: Callable[[dict[str, Any], list[str]], str] | None = None,
+    ) -> None:
         self.chat = ChatRenderer(tokenizer)
         self._version = version
-        self.by_issue: dict[str, dict[str, Any]] = {}
-        for t in tasks:
-            key = str(t["problem_statement"]).strip()
-            other = self.by_issue.get(key)
-            if other is not None and other["patch"] != t["patch"]:
-                raise ValueError(
-                    f"swe_demonstrator: tasks {other['instance_id']} and {t['instance_id']} share a problem statement "
-                    "but not a fix; it cannot tell them apart (drop one of them)"
-                )
-            self.by_issue[key] = t
-        if not self.by_issue:
-            raise ValueError("swe_demonstrator: no tasks given; it works the SWE records it is given (--tasks)")
+        self.name, self.marker, self.what = name, marker, what
+        self.next_text = next_text or (lambda task, obs: f"<tool_call>{json.dumps(next_call(task, obs))}</tool_call>")
+        self.by_issue = tasks_by_issue(tasks, name)
 
     @property
     def version(self) -> int:
@@ -331,12 +365,11 @@ class SWEDemonstratorEngine:
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Generation:
         text = self.chat.tokenizer.decode(prompt_ids, skip_special_tokens=False)
-        issue, observations = conversation_after_issue(text)
+        issue, observations = conversation_after(text, self.marker, self.name, self.what)
         task = self.by_issue.get(issue)
         if task is None:
-            raise EngineError("swe_demonstrator: the prompt's issue is none of the tasks it was given")
-        call = next_call(task, observations)
-        ids = action_ids(self.chat, f"<tool_call>{json.dumps(call)}</tool_call>")
+            raise EngineError(f"{self.name}: the prompt's task is none of the tasks it was given")
+        ids = action_ids(self.chat, self.next_text(task, observations))
         if len(ids) > sampling.max_tokens:
             # Cut where a model would be cut (finish "length"): when the cap is the context budget's room, the
             # episode loop ends the episode truncated by its one budget rule (it used to be an infra error of the
