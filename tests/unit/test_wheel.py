@@ -3,6 +3,7 @@ a user's own ``envs/`` or ``agent/`` folder can never shadow ours."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import zipfile
@@ -34,6 +35,7 @@ def test_the_wheel_installs_only_the_sao_namespace(tmp_path: Path) -> None:
     assert top == {"sao"}, f"top-level names in site-packages besides sao: {sorted(top - {'sao'})}"
     probe = "import importlib.util as u; print(u.find_spec('sao.envs').origin)"
     py = venv / "bin" / "python"
-    out = subprocess.run([str(py), "-c", probe], capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # the fresh venv alone, not this checkout
+    out = subprocess.run([str(py), "-c", probe], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=60)
     assert out.returncode == 0, out.stderr
     assert Path(out.stdout.strip()).is_relative_to(site), out.stdout
