@@ -10,16 +10,25 @@ import yaml
 
 pytestmark = [pytest.mark.deepspeed, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[3]
+SMOKE_STEPS = 45  # the shipped config's 80 less the steps after the criterion is met (at 29-34 when measured)
 
 
-def test_toy_sao_run_reaches_high_success(tmp_path: Path, deepspeed_env: dict[str, str], smollm2_dir: Path) -> None:
-    """configs/toy.yaml as shipped (seed 0, run.total_steps steps of 16 episodes, algorithm sao): within the budget
-    the success rate, averaged over 3 consecutive steps, reaches >= 0.9, from a start near random play (1/4).
-    Measured: reached at steps 29-34 in four runs (seeds 0-2); one seed-2 run later fell back (reported in the
-    trainer issue), which is why the check is "reaches within the budget" as the issue states it."""
+@pytest.mark.parametrize(
+    "steps",
+    [pytest.param(SMOKE_STEPS, id="smoke"), pytest.param(None, id="as_shipped", marks=pytest.mark.full)],
+)
+def test_toy_sao_run_reaches_high_success(
+    steps: int | None, tmp_path: Path, deepspeed_env: dict[str, str], smollm2_dir: Path
+) -> None:
+    """configs/toy.yaml (seed 0, steps of 16 episodes, algorithm sao): within the budget the success rate, averaged
+    over 3 consecutive steps, reaches >= 0.9, from a start near random play (1/4). Measured: reached at steps 29-34
+    in four runs (seeds 0-2); one seed-2 run later fell back (reported in the trainer issue), which is why the check
+    is "reaches within the budget" as the issue states it. The smoke size stops at ``SMOKE_STEPS`` (a smaller
+    budget, the same claim); ``full`` runs the shipped 80 steps."""
     from sao.trainer.runs.run import train
 
-    run = train(str(ROOT / "configs/toy.yaml"), [f"run.dir={tmp_path / 'toy'}", "run.progress=false"])
+    budget = [] if steps is None else [f"run.total_steps={steps}"]
+    run = train(str(ROOT / "configs/toy.yaml"), [f"run.dir={tmp_path / 'toy'}", "run.progress=false", *budget])
     saved = yaml.safe_load((run / "config.yaml").read_text())
     assert saved["trainer"]["algorithm"] == "sao" and saved["critic"]["init"] == "actor"
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
