@@ -1,39 +1,23 @@
 """`sao train configs/quickstart.yaml` in a tiny form: every stage for real (the solver in Docker, SFT and SAO on
-SmolLM2 with DeepSpeed, held-out evals), sized down with overrides; the full job is a benchmark (docs/results.md)."""
+SmolLM2 with DeepSpeed, held-out evals), sized down with overrides: the session fixture ``tiny_quickstart``
+(tests/integration/conftest.py), whose run the confirm bench's smoke starts from. The full job is a benchmark
+(docs/results.md)."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.conftest import cli_env
+from tests.integration.conftest import StagedRun
 
 pytestmark = [pytest.mark.slow, pytest.mark.docker, pytest.mark.deepspeed]
-ROOT = Path(__file__).resolve().parents[3]
-TINY = [
-    "collect.n=4", "sft.steps=2", "sft.batch_size=4", "eval.n=2", "eval.concurrency=2", "run.total_steps=1",
-    "run.save_every=1", "trainer.batch_size=2", "rollout.concurrency=2", "rollout.buffer_size=2",
-    "deepspeed.micro_batch_size=2", "run.progress=false", "pretrain_value.rollouts=4", "pretrain_value.epochs=1",
-    "pretrain_value.concurrency=2", "trainer.critic_warmup_steps=1",
-]  # fmt: skip
 
 
-def test_staged_quickstart_runs_every_stage_and_prints_the_table(
-    tmp_path: Path, smollm2_dir: Path, base_image: str
-) -> None:
-    run = tmp_path / "qs"
-    env = cli_env()
-    t0 = time.time()
-    res = subprocess.run(
-        [sys.executable, "-m", "sao.cli.main", "train", str(ROOT / "configs/quickstart.yaml"), f"run.dir={run}", *TINY],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200,
-    )  # fmt: skip
+def test_staged_quickstart_runs_every_stage_and_prints_the_table(tiny_quickstart: StagedRun) -> None:
+    res = tiny_quickstart
+    run = res.run
     assert res.returncode == 0, res.stderr[-4000:]
     stages = sorted(p.name for p in run.iterdir() if p.is_dir() and p.name[:2].isdigit())
     assert stages == ["00_collect", "01_sft", "02_eval", "03_pretrain_value", "04_train", "05_eval"]
@@ -61,4 +45,4 @@ def test_staged_quickstart_runs_every_stage_and_prints_the_table(
     assert (run / "04_train" / "final" / "actor" / "model.safetensors").exists()
     assert [json.loads(x)["step"] for x in (run / "04_train" / "metrics.jsonl").read_text().splitlines()] == [1]
     assert "uniform-reward batches" in res.stdout  # the RL dynamics line under the table
-    print(f"tiny staged quickstart wall time {time.time() - t0:.0f}s")
+    print(f"tiny staged quickstart wall time {res.wall_s:.0f}s")
