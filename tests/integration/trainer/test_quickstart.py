@@ -30,7 +30,8 @@ def test_staged_quickstart_runs_every_stage_and_prints_the_table(tiny_quickstart
     summary = json.loads((run / "summary.json").read_text())
     assert [e["label"] for e in summary["evals"]] == ["after SFT", "after RL"]
     assert all(e["episodes"] + e["infra_errors"] == 2 for e in summary["evals"])
-    assert "| after SFT |" in res.stdout and "| after RL |" in res.stdout
+    out = res.stdout + res.stderr  # the table comes through say(), on the terminal stream (stderr)
+    assert "| after SFT |" in out and "| after RL |" in out
     assert (run / "plots" / "stages.png").stat().st_size > 0
     # value pretraining ran on the SFT policy's own rollouts and its critic started the RL stage
     pv = json.loads((run / "03_pretrain_value" / "done.json").read_text())
