@@ -36,7 +36,7 @@ def test_staged_quickstart_runs_every_stage_and_prints_the_table(tiny_quickstart
     # value pretraining ran on the SFT policy's own rollouts and its critic started the RL stage
     pv = json.loads((run / "03_pretrain_value" / "done.json").read_text())
     assert pv["rollouts"] == 4 and pv["held_out_trajectories"] >= 1 and pv["critic_steps"] == 1
-    assert "held_out_ev_after" in pv and "value pretraining:" in res.stdout
+    assert "held_out_ev_after" in pv and "value pretraining:" in out
     sft_model = json.loads((run / "01_sft" / "done.json").read_text())["model"]
     pv_traj = [json.loads(x) for x in (run / "03_pretrain_value" / "trajectories.jsonl").read_text().splitlines()]
     assert len(pv_traj) == 4 and all(t["env_id"] == "sao/PythonTool-v0" for t in pv_traj)
@@ -45,5 +45,5 @@ def test_staged_quickstart_runs_every_stage_and_prints_the_table(tiny_quickstart
     assert len((run / "04_train" / "critic_warmup.jsonl").read_text().splitlines()) == 1
     assert (run / "04_train" / "final" / "actor" / "model.safetensors").exists()
     assert [json.loads(x)["step"] for x in (run / "04_train" / "metrics.jsonl").read_text().splitlines()] == [1]
-    assert "uniform-reward batches" in res.stdout  # the RL dynamics line under the table
+    assert "uniform-reward batches" in out  # the RL dynamics line under the table
     print(f"tiny staged quickstart wall time {res.wall_s:.0f}s")
