@@ -88,8 +88,8 @@ async def throughput(
 
 
 async def agent_overhead(engine: Any, tok: Any, name: str, cfg: EngineBenchConfig) -> dict[str, Any]:
+    from sao.agent.episodes import EpisodeRunner, RunnerConfig, TokenPlayer, episodes_of
     from sao.agent.loop import AgentConfig
-    from sao.agent.rollout import EpisodeRunner, RunnerConfig, TokenPlayer, episodes_of
     from sao.envs.token_game import TokenGameEnv
 
     player = TokenPlayer(engine, tok, AgentConfig(max_action_tokens=8, temperature=1.0))

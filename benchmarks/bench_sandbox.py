@@ -150,8 +150,8 @@ async def run_load(cfg: SandboxConfig, episodes: int, concurrency: int | None = 
     warm pool: completed, lost, episode p50/p95, errors by type, distinct containers, containers left after."""
     from collections import Counter
 
+    from sao.agent.episodes import ChatPlayer, Episode, EpisodeRunner, RunnerConfig
     from sao.agent.records import Trajectory
-    from sao.agent.rollout import ChatPlayer, Episode, EpisodeRunner, RunnerConfig
     from sao.envs.python_tool import PythonToolEnv
 
     runner = EpisodeRunner(

@@ -35,7 +35,7 @@ The policy's failures are scored, never dropped: a ``sao.sandboxes.protocols.San
 during the agent's own command, its backend healthy) ends the episode with ``terminated=True``, reward 0, not
 solved, and ``info["report"] == {"failure": "sandbox_died", "reason": ...}``; the agent keeps it for training.
 
-Sync and async: ``areset``/``astep``/``aclose`` are the real methods (the rollout loop awaits them); ``reset``/
+Sync and async: ``areset``/``astep``/``aclose`` are the real methods (the episode loop awaits them); ``reset``/
 ``step``/``close`` run them on a private event loop owned by the env. Use one style per env instance: resources
 made on one loop (subprocesses, sandboxes) belong to it. Calling the sync methods inside a running loop raises.
 """

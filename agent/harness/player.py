@@ -32,12 +32,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sao.agent.engines.protocols import Engine
+from sao.agent.episodes import Episode, infra_error_trajectory
 from sao.agent.harness.protocols import Endpoint, Harness, HarnessEnd, HarnessLimits
 from sao.agent.harness.workspace import EnvWorkspace
 from sao.agent.loop import AgentConfig
 from sao.agent.protocols import AsyncEnv, agent_ended, env_id_of
 from sao.agent.records import Trajectory
-from sao.agent.rollout import Episode, infra_error_trajectory
 
 GATEWAY_MODEL = "sao-policy"
 

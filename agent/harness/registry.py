@@ -20,9 +20,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from sao.agent.episodes import ChatPlayer, Player, TokenPlayer
 from sao.agent.harness.protocols import Endpoint, Harness
 from sao.agent.loop import AgentConfig
-from sao.agent.rollout import ChatPlayer, Player, TokenPlayer
 from sao.core.registry import Registry
 
 DEFAULT_HARNESS = "sao"

@@ -80,8 +80,8 @@ def finished_indices(out: Path) -> set[int]:
 def summarize(out: Path, n: int, wall_s: float, skipped: int) -> dict[str, Any]:
     """Counts over the whole folder: episodes by status, infra errors (apart), mean reward, solved rate (an outside
     agent's episode may have several rows: it counts once, by its last row; ``rows`` counts them all)."""
+    from sao.agent.episodes import is_last_row
     from sao.agent.records import read_jsonl
-    from sao.agent.rollout import is_last_row
 
     rows = list(read_jsonl(out / TRAJECTORIES)) if (out / TRAJECTORIES).exists() else []
     trajs = [t for t in rows if is_last_row(t)]
@@ -108,9 +108,9 @@ def summarize(out: Path, n: int, wall_s: float, skipped: int) -> dict[str, Any]:
 
 async def collect(cfg: CollectConfig) -> dict[str, Any]:
     """Run (or resume) the collection into ``cfg.out``; returns the summary (also in ``summary.json``)."""
+    from sao.agent.episodes import Episode, EpisodeRunner, RunnerConfig, env_factory, task_id_of
     from sao.agent.harness.registry import describe_harness
     from sao.agent.records import Trajectory, write_jsonl
-    from sao.agent.rollout import Episode, EpisodeRunner, RunnerConfig, env_factory, task_id_of
     from sao.envs.registration import preflight
     from sao.eval.common import opened_model, parse_model_spec, write_json
 

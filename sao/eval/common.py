@@ -1,7 +1,7 @@
 """Shared parts of the evaluation CLIs and ``sao collect``: the model SPEC parser, the player each spec makes,
 durable JSONL, tables.
 
-A model SPEC names what plays the episodes (episodes themselves run in ``sao.agent.rollout.EpisodeRunner``). The forms
+A model SPEC names what plays the episodes (episodes themselves run in ``sao.agent.episodes.EpisodeRunner``). The forms
 are those the registered engines declare (``sao.agent.engines.registry``; the shipped ones in
 ``sao.agent.engines.builtin``):
 
@@ -32,10 +32,10 @@ from typing import Any
 
 from sao.agent.engines import registry
 from sao.agent.engines.registry import ModelSpec, ModelSpecError, SpecModel, SpecOptions
+from sao.agent.episodes import Player
 from sao.agent.harness.protocols import Endpoint
 from sao.agent.harness.registry import DEFAULT_HARNESS, PlayerArgs, make_player
 from sao.agent.loop import AgentConfig
-from sao.agent.rollout import Player
 from sao.core.console import say
 from sao.core.jsonl import iter_jsonl, write_json_atomic
 
@@ -85,7 +85,7 @@ class EvalModel:
     def player(
         self, *, max_turns: int, render_check_every: int = 0, harness: str = DEFAULT_HARNESS, harness_config: str = ""
     ) -> Player:
-        """What plays this model's episodes in ``sao.agent.rollout.EpisodeRunner``: ``harness`` (a name of
+        """What plays this model's episodes in ``sao.agent.episodes.EpisodeRunner``: ``harness`` (a name of
         ``sao.agent.harness.registry``: SAO's own loop, or an outside agent such as mini-swe-agent, which calls a
         token engine through SAO's gateway or an ``openai:`` endpoint directly) with ``harness_config``; an outside
         agent's step limit is ``max_turns``."""

@@ -1,6 +1,6 @@
 """``sao eval math``: a math benchmark (AIME 24/25, IMO-AnswerBench, any file) -> avg@k, pass@k, per-problem CSV.
 
-Each problem is played ``samples`` times (at most ``workers`` episodes at once, ``sao.agent.rollout.EpisodeRunner``),
+Each problem is played ``samples`` times (at most ``workers`` episodes at once, ``sao.agent.episodes.EpisodeRunner``),
 with ``--tools python`` (``PythonToolEnv``: a sandboxed python tool, answer as ``\\boxed{}`` or via ``submit``) or
 ``--tools none`` (``PlainAnswerEnv``: one assistant message, its last ``\\boxed{}`` graded). Grading is math-verify
 in both (``sao.envs.python_tool.grade_answer``). avg@k is the mean fraction of correct samples per problem; pass@k uses
@@ -87,7 +87,7 @@ class PlainAnswerEnv(MultiTurnEnv):
 def _env_factory(cfg: MathEvalConfig) -> Callable[[], Any]:
     if cfg.tools == "none":
         return PlainAnswerEnv
-    from sao.agent.rollout import env_factory
+    from sao.agent.episodes import env_factory
 
     return env_factory("sao/PythonTool-v0", {"max_steps": cfg.max_steps})
 
@@ -128,7 +128,7 @@ async def run_math(cfg: MathEvalConfig) -> dict[str, Any]:
                  max_action_tokens=cfg.max_action_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
                  turns_in_context=4)  # fmt: skip
     async with opened_model(spec, [t["id"] for t in tasks], **build) as model:
-        from sao.agent.rollout import Episode, EpisodeRunner, RunnerConfig
+        from sao.agent.episodes import Episode, EpisodeRunner, RunnerConfig
 
         # Sample k of a problem is reset with seed k; every sample's task id is the problem's.
         plan = [(t, k) for t in tasks for k in range(cfg.samples)]

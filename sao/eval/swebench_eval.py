@@ -1,6 +1,6 @@
 """``sao eval swebench``: run an agent on SWE-bench-format instances in ``SWEEnv``, write predictions, grade, report.
 
-Per instance (at most ``workers`` at once, through ``sao.agent.rollout.EpisodeRunner``): a fresh ``SWEEnv`` episode;
+Per instance (at most ``workers`` at once, through ``sao.agent.episodes.EpisodeRunner``): a fresh ``SWEEnv`` episode;
 when it ends the env has graded the repo's diff in a fresh container with the swebench grading functions (an
 episode cut by the agent's own limits is graded by the env the same way, ``aend``). Written as each instance
 finishes, flushed and fsynced, in ``--out``:
@@ -194,7 +194,7 @@ async def run_swebench(cfg: SWEEvalConfig) -> dict[str, Any]:
 
 
 async def _run_all(todo: list[dict[str, Any]], model: EvalModel, cfg: SWEEvalConfig, skipped: int) -> None:
-    from sao.agent.rollout import Episode, EpisodeRunner, RunnerConfig, env_factory, is_last_row
+    from sao.agent.episodes import Episode, EpisodeRunner, RunnerConfig, env_factory, is_last_row
 
     out = cfg.out
     if skipped:

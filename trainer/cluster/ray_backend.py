@@ -37,12 +37,12 @@ from pathlib import Path
 from typing import Any
 
 from sao.agent.engines.registry import engine_spec
+from sao.agent.episodes import Episode, infra_error_trajectory
 from sao.agent.records import Trajectory
-from sao.agent.rollout import Episode, infra_error_trajectory
 from sao.trainer.cluster.engine_host import EngineHostImpl
 from sao.trainer.cluster.sandbox_host import RemoteSandbox, SandboxHostClient, SandboxHostImpl, episode_sandboxes
 from sao.trainer.config import Config
-from sao.trainer.rollout.rollout_stack import episode_runner
+from sao.trainer.rollout.runner import episode_runner
 
 NAMESPACE = "sao"
 

@@ -1,1 +1,1 @@
-"""The rollout side of a run: the coordinator (episodes in flight, buffer, staleness), the rollout stack, the ledger."""
+"""The rollout side of a run: the coordinator (episodes in flight, buffer, staleness), episode runner, ledger."""

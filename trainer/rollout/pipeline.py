@@ -16,7 +16,7 @@ Group mode (GRPO): each task runs ``group_size`` times (every member resets with
 members play the same prompt whatever the task source) and a group enters the buffer only when all of it finished;
 ``synchronous=True`` (grpo) starts a batch's groups only after the previous batch was trained and synced.
 Infra-error trajectories are recorded and never enter the buffer. Episodes are played by the agent's one episode
-runner (``sao.agent.rollout.EpisodeRunner.run_one``), which the coordinator keeps open (warm sandbox pools) while it
+runner (``sao.agent.episodes.EpisodeRunner.run_one``), which the coordinator keeps open (warm sandbox pools) while it
 runs.
 """
 
@@ -30,15 +30,15 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from sao.agent.episodes import Episode, infra_error_trajectory, task_id_of
 from sao.agent.records import Trajectory
-from sao.agent.rollout import Episode, infra_error_trajectory, task_id_of
 from sao.trainer.rollout.ledger import Ledger
 from sao.trainer.rollout.versions import Lineage
 from sao.trainer.runs.stopping import InfraStreak, RolloutsLost
 
 
 class EpisodeSource(Protocol):
-    """What plays one episode (``sao.agent.rollout.EpisodeRunner``): its rows, or its one trajectory; an async
+    """What plays one episode (``sao.agent.episodes.EpisodeRunner``): its rows, or its one trajectory; an async
     context manager if it holds resources."""
 
     async def run_one(self, episode: Episode) -> list[Trajectory] | Trajectory: ...

@@ -32,7 +32,7 @@ from sao.trainer.learn.learner import Learner
 from sao.trainer.rollout.env_tasks import load_env_tasks
 from sao.trainer.rollout.ledger import Ledger, replay
 from sao.trainer.rollout.pipeline import Coordinator, Item, TaskSource
-from sao.trainer.rollout.rollout_stack import episode_runner
+from sao.trainer.rollout.runner import episode_runner
 from sao.trainer.rollout.versions import Lineage
 from sao.trainer.runs.commands import Command, Export, PushWeights, Save, Saved, Stop, Train
 from sao.trainer.runs.metrics import MetricsWriter, plot_run

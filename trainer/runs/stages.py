@@ -37,8 +37,8 @@ from typing import Any
 
 from sao.agent.engines.protocols import Engine
 from sao.agent.engines.registry import InProcessArgs, ServeArgs, engine_spec, make_demonstrator
+from sao.agent.episodes import episodes_of, is_last_row
 from sao.agent.records import Trajectory
-from sao.agent.rollout import episodes_of, is_last_row
 from sao.core.console import say
 from sao.core.jsonl import write_json_atomic, write_text_durably
 from sao.core.paths import resolve_model_path
@@ -46,7 +46,7 @@ from sao.eval.scores import episode_scores, paired_difference, score_table
 from sao.trainer import distributed as dist_utils
 from sao.trainer.config import Config, ConfigError, resumed_config, save_config
 from sao.trainer.rollout.env_tasks import load_env_tasks
-from sao.trainer.rollout.rollout_stack import episode_runner
+from sao.trainer.rollout.runner import episode_runner
 from sao.trainer.runs.run_folder import latest_checkpoint
 
 DONE = "done.json"

@@ -109,9 +109,9 @@ async def test_every_row_is_token_for_token_what_the_engine_saw(
     from transformers import AutoTokenizer
 
     from sao.agent.engines.vllm_engine import VLLMEngine
+    from sao.agent.episodes import Episode, EpisodeRunner, RunnerConfig, env_factory
     from sao.agent.harness.registry import PlayerArgs, make_player
     from sao.agent.loop import AgentConfig
-    from sao.agent.rollout import Episode, EpisodeRunner, RunnerConfig, env_factory
 
     tok = AutoTokenizer.from_pretrained(str(smollm2_dir))
     engine = EngineRecorder(VLLMEngine([vllm_server.url]))

@@ -25,8 +25,8 @@ def test_the_demonstrator_resolves_every_task_with_real_observations(
         offline_tasks = [with_location_hint(r, hint) for r in offline_tasks]
         # a patch that only adds lines (a removed branch) has no line to name: its issue names the function
         assert any("The bug is on line" in r["problem_statement"] for r in offline_tasks)
+    from sao.agent.episodes import EpisodeRunner, RunnerConfig, TokenPlayer, env_factory, episodes_of
     from sao.agent.loop import AgentConfig
-    from sao.agent.rollout import EpisodeRunner, RunnerConfig, TokenPlayer, env_factory, episodes_of
 
     tok = AutoTokenizer.from_pretrained(str(smollm2_dir))
     player = TokenPlayer(make_demonstrator("swe_demonstrator", tok, offline_tasks), tok, AgentConfig(4096, 320, 8))

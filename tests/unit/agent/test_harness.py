@@ -13,6 +13,7 @@ import pytest
 from harness_fakes import FIXED, TASK, ShellEnv
 
 from sao.agent.engines.scripted import ScriptedEngine
+from sao.agent.episodes import ChatPlayer, Episode, EpisodeRunner, RunnerConfig, TokenPlayer
 from sao.agent.harness.mini_swe_agent import prepare_import
 from sao.agent.harness.player import HarnessPlayer
 from sao.agent.harness.protocols import CommandResult, Endpoint, EpisodeEnded, HarnessEnd, HarnessLimits
@@ -25,7 +26,6 @@ from sao.agent.harness.registry import (
 )
 from sao.agent.harness.workspace import EnvWorkspace, bash_call
 from sao.agent.loop import AgentConfig
-from sao.agent.rollout import ChatPlayer, Episode, EpisodeRunner, RunnerConfig, TokenPlayer
 
 prepare_import()  # before the package is first imported: quiet, its config dir in our cache
 pytest.importorskip("minisweagent", reason="mini-swe-agent comes with the agents extra (pip install -e .[agents])")

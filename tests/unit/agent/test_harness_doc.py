@@ -10,9 +10,9 @@ import pytest
 from harness_fakes import FIXED, TASK, ShellEnv
 
 from sao.agent.engines.scripted import ScriptedEngine
+from sao.agent.episodes import Episode, EpisodeRunner, RunnerConfig
 from sao.agent.harness.registry import PlayerArgs, harness_spec, make_player
 from sao.agent.loop import AgentConfig
-from sao.agent.rollout import Episode, EpisodeRunner, RunnerConfig
 from tests._harness_doc import register_doc_harness
 
 pytest.importorskip("openai", reason="the doc's harness uses the openai client (pip install -e .[dev])")

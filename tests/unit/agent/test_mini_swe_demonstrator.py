@@ -14,9 +14,9 @@ from harness_fakes import FIXED, TASK, ShellEnv
 from sao.agent.engines.mini_swe_demonstrator import demonstration, edit_command, next_step, returncode
 from sao.agent.engines.protocols import EngineError
 from sao.agent.engines.registry import make_demonstrator, parse_model_spec
+from sao.agent.episodes import Episode, EpisodeRunner, RunnerConfig
 from sao.agent.harness.registry import PlayerArgs, make_player
 from sao.agent.loop import AgentConfig
-from sao.agent.rollout import Episode, EpisodeRunner, RunnerConfig
 
 
 def test_the_shell_edit_replaces_once_or_refuses(tmp_path: Path) -> None:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from sao.agent.episodes import Episode
 from sao.agent.records import Trajectory
-from sao.agent.rollout import Episode
 from sao.trainer.cluster.ray_backend import RayRolloutRunner
 
 

@@ -1,15 +1,15 @@
-"""``agent.harness`` in the config tree: checked against the env before anything runs, and the one rollout stack
-(the training run, the Ray workers, every stage) plays through that harness's player."""
+"""``agent.harness`` in the config tree: checked against the env before anything runs, and the trainer's one
+episode runner (the training run, the Ray workers, every stage) plays through that harness's player."""
 
 from __future__ import annotations
 
 import pytest
 
 from sao.agent.engines.scripted import ScriptedEngine
+from sao.agent.episodes import TokenPlayer
 from sao.agent.harness.player import HarnessPlayer
-from sao.agent.rollout import TokenPlayer
 from sao.trainer.config import ConfigError, config_from_dict
-from sao.trainer.rollout.rollout_stack import episode_runner
+from sao.trainer.rollout.runner import episode_runner
 from tests.unit.agent.agent_fakes import CharChatMLTokenizer
 
 SWE = {"id": "sao/SWE-v0", "kwargs": {"max_steps": 4}}
@@ -24,7 +24,7 @@ def test_a_harness_is_checked_against_the_env_and_the_registry() -> None:
     assert cfg.agent.harness == "mini-swe-agent" and config_from_dict({}).agent.harness == "sao"
 
 
-def test_the_rollout_stack_plays_through_the_configured_harness() -> None:
+def test_the_trainers_episode_runner_plays_through_the_configured_harness() -> None:
     pytest.importorskip("minisweagent", reason="mini-swe-agent comes with the agents extra")
     rollout = {"max_context_tokens": 4096, "max_tokens": 256, "max_turns": 12, "temperature": 0.9}
     cfg = config_from_dict({"agent": {"harness": "mini_swe_agent"}, "env": SWE, "rollout": rollout})

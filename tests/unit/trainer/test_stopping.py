@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
+from sao.agent.episodes import infra_error_trajectory
 from sao.agent.records import Segment, Trajectory
-from sao.agent.rollout import infra_error_trajectory
 from sao.trainer.rollout.ledger import Ledger, replay
 from sao.trainer.rollout.pipeline import Coordinator, TaskSource
 from sao.trainer.runs.stopping import (

@@ -1,4 +1,4 @@
-"""One rule names a task (``sao.agent.rollout.task_id_of``): the episode, the trainer's task source, the coordinator's
+"""One rule names a task (``sao.agent.episodes.task_id_of``): the episode, the trainer's task source, the coordinator's
 guard record and the Ray runner's infra errors all give the same id (``task-<index>`` when the record has none)."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from sao.agent.engines.scripted import ScriptedEngine
+from sao.agent.episodes import Episode, EpisodeRunner, RunnerConfig, TokenPlayer, env_factory, episodes_of, task_id_of
 from sao.agent.loop import AgentConfig
 from sao.agent.records import Trajectory
-from sao.agent.rollout import Episode, EpisodeRunner, RunnerConfig, TokenPlayer, env_factory, episodes_of, task_id_of
 from sao.trainer.cluster.ray_backend import RayRolloutRunner
 from sao.trainer.rollout.ledger import Ledger
 from sao.trainer.rollout.pipeline import Coordinator, TaskSource

@@ -6,9 +6,9 @@ import pytest
 from agent_fakes import CharChatMLTokenizer, ScriptedEnv
 
 from sao.agent.engines.scripted import ScriptedEngine
+from sao.agent.episodes import EpisodeRunner, RunnerConfig, TokenPlayer, episodes_of
 from sao.agent.loop import AgentConfig
 from sao.agent.records import Trajectory
-from sao.agent.rollout import EpisodeRunner, RunnerConfig, TokenPlayer, episodes_of
 
 TOK = CharChatMLTokenizer()
 
@@ -34,7 +34,7 @@ async def test_eta_is_timed_by_turns_while_every_episode_is_in_flight(monkeypatc
     """32 episodes at once: before any finishes, the ETA comes from the turns done (the quickstart's eval sat at
     ``episodes 0/32`` for 1.5 min and then showed a 45-minute ETA for a stage that ended 50 s later)."""
     import sao.core.console as console
-    from sao.agent.rollout import _progress
+    from sao.agent.episodes import _progress
 
     clock = [100.0]
     monkeypatch.setattr(console.time, "monotonic", lambda: clock[0])
@@ -61,7 +61,7 @@ async def test_an_episode_that_ends_during_the_first_wave_gives_no_eta(monkeypat
     """Seen in the main job's eval (64 at once): ``episodes 1/64 1:11<1:14:51`` for a stage that took 3 min; the
     episode count's rate is no better than the turns' before the first wave of turns is over."""
     import sao.core.console as console
-    from sao.agent.rollout import _progress
+    from sao.agent.episodes import _progress
 
     clock = [100.0]
     monkeypatch.setattr(console.time, "monotonic", lambda: clock[0])

@@ -1,4 +1,4 @@
-"""The trainer's one rollout stack: ``cfg.rollout`` -> ``AgentConfig`` -> a harness's player -> ``EpisodeRunner``.
+"""The trainer's one episode runner: ``cfg.rollout`` -> ``AgentConfig`` -> a harness's player -> ``EpisodeRunner``.
 
 The player is ``sao.agent.harness.registry.make_player``'s for ``agent.harness``: SAO's own loop (a ``TokenPlayer``)
 or an outside agent (mini-swe-agent) behind a gateway in front of the same engine, whose episodes arrive as rows.
@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from sao.agent.engines.protocols import Engine
+from sao.agent.episodes import EpisodeRunner, RunnerConfig, env_factory
 from sao.agent.harness.registry import PlayerArgs, make_player
 from sao.agent.loop import AgentConfig
-from sao.agent.rollout import EpisodeRunner, RunnerConfig, env_factory
 from sao.trainer.config import Config
 
 

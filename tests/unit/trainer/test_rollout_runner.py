@@ -1,5 +1,5 @@
-"""The one rollout-stack builder gives each caller its settings: the training run and the Ray workers take
-``cfg.rollout`` as it is, the stages their overrides (a 0.0 temperature included), and a stage plays through it."""
+"""The trainer's one episode-runner builder gives each caller its settings: the training run and the Ray workers
+take ``cfg.rollout`` as it is, the stages their overrides (a 0.0 temperature included), and a stage plays through it."""
 
 from __future__ import annotations
 
@@ -10,12 +10,11 @@ from typing import Any
 import pytest
 
 from sao.agent.engines.scripted import ScriptedEngine
+from sao.agent.episodes import RunnerConfig, TokenPlayer
 from sao.agent.loop import AgentConfig
 from sao.agent.records import read_jsonl
-from sao.agent.rollout import RunnerConfig, TokenPlayer
 from sao.trainer.config import config_from_dict
-from sao.trainer.rollout import rollout_stack
-from sao.trainer.rollout.rollout_stack import episode_runner
+from sao.trainer.rollout.runner import episode_runner
 from sao.trainer.runs import stages
 from tests.unit.agent.agent_fakes import CharChatMLTokenizer
 
@@ -61,7 +60,7 @@ def test_a_stage_plays_its_episodes_through_the_builder(tmp_path: Path, monkeypa
 
     def spy(*args: Any, **kw: Any) -> Any:
         seen.append(kw)
-        return rollout_stack.episode_runner(*args, **kw)
+        return episode_runner(*args, **kw)
 
     monkeypatch.setattr(stages, "episode_runner", spy)
     cfg, out = _cfg(), tmp_path / "trajectories.jsonl"

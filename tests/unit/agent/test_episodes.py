@@ -8,9 +8,9 @@ from pathlib import Path
 from agent_fakes import CharChatMLTokenizer, ScriptedEnv
 
 from sao.agent.engines.scripted import ScriptedEngine
+from sao.agent.episodes import Episode, EpisodeRunner, RunnerConfig, TokenPlayer, episodes_of
 from sao.agent.loop import AgentConfig
 from sao.agent.records import read_jsonl
-from sao.agent.rollout import Episode, EpisodeRunner, RunnerConfig, TokenPlayer, episodes_of
 
 TOK = CharChatMLTokenizer()
 

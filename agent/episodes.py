@@ -192,7 +192,7 @@ class RunnerConfig:
 
 
 @dataclass
-class RolloutStats:
+class EpisodeStats:
     episodes: int = 0
     by_status: dict[str, int] = field(default_factory=dict)
     reward_sum: float = 0.0
@@ -238,7 +238,7 @@ class EpisodeRunner:
         self.env_factory, self.player = env_factory, player
         self.cfg = cfg or RunnerConfig()
         self.out_path = Path(out_path) if out_path else None
-        self.stats = RolloutStats()
+        self.stats = EpisodeStats()
         self._running = asyncio.Event()
         self._running.set()
         self._stopped = False
@@ -324,7 +324,7 @@ class EpisodeRunner:
         episodes: Iterable[Episode] | AsyncIterable[Episode],
         on_trajectory: OnTrajectory | None = None,
         total: int | None = None,
-    ) -> RolloutStats:
+    ) -> EpisodeStats:
         """Play every episode (until exhausted or ``stop()``); return this runner's stats so far.
 
         A failing callback or file write stops the run and is raised once the episodes in flight are done."""
