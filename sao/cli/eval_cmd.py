@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ MODEL_HELP = (
     "openai:MODEL@BASE_URL (any OpenAI-compatible chat endpoint; key from OPENAI_API_KEY), scripted:FILE.jsonl "
     "(test fixture replaying fixed messages)."
 )
+TOKENIZER_HELP = "Tokenizer dir for vllm:/local:/hf: (default: the model's)."
 CONTEXT_HELP = (
     "Context length in tokens (default: what the model's config allows, max_position_embeddings or a server's "
     "max_model_len, at most 32768)."
@@ -37,9 +39,15 @@ AGENT_HELP = (
 )
 
 
-def _fail(e: Exception) -> typer.Exit:
-    typer.echo(f"error: {e}", err=True)
-    return typer.Exit(2)
+@contextlib.contextmanager
+def _errors_end_the_command() -> Iterator[None]:
+    """What an evaluation refuses (EvalError, a bad value, a missing file) ends the command with one line and exit
+    code 2, not a traceback."""
+    try:
+        yield
+    except (ValueError, FileNotFoundError) as e:  # EvalError is a ValueError
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from e
 
 
 @app.command("swebench")
@@ -60,9 +68,7 @@ def swebench_cmd(
     ),
     harness: bool = typer.Option(False, "--harness/--no-harness", help="Also grade with the official harness."),
     split: str = typer.Option("test", "--split", help="Split of a Hugging Face dataset."),
-    tokenizer: str = typer.Option(
-        None, "--tokenizer", help="Tokenizer dir for vllm:/local:/hf: (default: the model's)."
-    ),
+    tokenizer: str = typer.Option(None, "--tokenizer", help=TOKENIZER_HELP),
     max_context: int = typer.Option(None, "--max-context", help=CONTEXT_HELP),
     max_tokens: int = typer.Option(
         None, "--max-tokens", help="Tokens sampled per turn at most (default: 1/16 of the context)."
@@ -84,7 +90,7 @@ def swebench_cmd(
     from sao.eval.swebench_eval import SWEEvalConfig, print_summary, run_swebench
 
     ids = tuple(i.strip() for v in instances for i in v.split(",") if i.strip())
-    try:
+    with _errors_end_the_command():
         if grade_only is not None:
             from sao.eval.swebench_eval import grade_only as run_grade_only
 
@@ -99,8 +105,6 @@ def swebench_cmd(
             )  # fmt: skip
             with _quiet(out, verbose):
                 report = asyncio.run(run_swebench(cfg))
-    except (EvalError, ValueError, FileNotFoundError) as e:
-        raise _fail(e) from e
     print_summary(report)
     typer.echo(f"report: {out / 'report.json'}")
 
@@ -120,9 +124,7 @@ def math_cmd(
     out: Path = typer.Option(Path("eval-math"), "--out", help="Output folder (report.json, per-problem CSV)."),
     workers: int = typer.Option(8, "--workers", help="Episodes run at once."),
     max_steps: int = typer.Option(10, "--max-steps", help="Turns per episode with --tools python."),
-    tokenizer: str = typer.Option(
-        None, "--tokenizer", help="Tokenizer dir for vllm:/local:/hf: (default: the model's)."
-    ),
+    tokenizer: str = typer.Option(None, "--tokenizer", help=TOKENIZER_HELP),
     max_context: int = typer.Option(None, "--max-context", help=CONTEXT_HELP),
     max_tokens: int = typer.Option(
         None, "--max-tokens", help="Tokens sampled per turn at most (default: 1/4 of the context)."
@@ -134,10 +136,9 @@ def math_cmd(
     """Evaluate on a math benchmark: avg@k and pass@k with math-verify grading, per-problem CSV, report.json."""
     import asyncio
 
-    from sao.eval.common import EvalError
     from sao.eval.math_eval import MathEvalConfig, print_summary, run_math
 
-    try:
+    with _errors_end_the_command():
         cfg = MathEvalConfig(
             model=model, dataset=dataset, out=out, tools=tools, samples=samples, limit=limit, workers=workers,
             max_steps=max_steps, tokenizer=tokenizer, max_context_tokens=max_context, max_action_tokens=max_tokens,
@@ -145,7 +146,5 @@ def math_cmd(
         )  # fmt: skip
         with _quiet(out, verbose):
             report = asyncio.run(run_math(cfg))
-    except (EvalError, ValueError, FileNotFoundError) as e:
-        raise _fail(e) from e
     print_summary(report)
     typer.echo(f"report: {out / 'report.json'}")
