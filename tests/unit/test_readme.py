@@ -1,5 +1,6 @@
 """The README's commands cannot rot: every `sao ...` line in its bash blocks names a real subcommand whose `--help`
-lists each option the line uses, every config file it names exists, and every doc it links to is there."""
+lists each option the line uses, every config file it names exists, and every doc it links to is there. Its toy
+line is run as written by tests/integration/trainer/test_toy_learning.py."""
 
 from __future__ import annotations
 
@@ -13,21 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from tests._readme import README, sao_lines
+
 ROOT = Path(__file__).resolve().parents[2]
-README = ROOT / "README.md"
-
-
-def sao_lines(text: str) -> list[str]:
-    """The `sao ...` commands of the bash blocks (a leading `.venv/bin/` dropped, comments cut)."""
-    out = []
-    for block in re.findall(r"```bash\n(.*?)```", text, re.DOTALL):
-        for line in block.splitlines():
-            line = line.split("  #")[0].strip()
-            if line.startswith(".venv/bin/sao "):
-                line = line.removeprefix(".venv/bin/")
-            if line.startswith("sao "):
-                out.append(line)
-    return out
 
 
 @cache
