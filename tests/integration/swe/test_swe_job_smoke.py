@@ -1,14 +1,15 @@
-"""`sao train configs/swe_quickstart.yaml` at smoke size (2 SWE tasks in Docker, real SmolLM2, 1 RL step), then
-what the trainer consumed, checked on the very trajectories it trained (the run's ledger) with its own code:
-observation tokens get no advantage and no policy gradient, each turn's reward sits on its last action token, a
-cut episode the SWE env graded is terminal (no bootstrap from V: its return is complete), and the SWE rollouts made
-a policy step that moved the weights.
+"""`sao train configs/swe_quickstart.yaml` at smoke size (the demonstrator on 2 SWE tasks in Docker, then one RL
+step of real SmolLM2 on an episode's row), then what the trainer consumed, checked on the very trajectories it
+trained (the run's ledger) with its own code: observation tokens get no advantage and no policy gradient, each
+turn's reward sits on its last action token, a cut episode the SWE env graded is terminal (no bootstrap from V: its
+return is complete), and the SWE rollouts made a policy step that moved the weights.
 
 Sizes: CPU training on SmolLM2 costs ~25 CPU-s per 1k tokens of forward+backward, so the smoke keeps episodes
 short: a 1,400-token context budget (the prompts alone are 750-1,100 tokens) ends every episode truncated within a
 turn or two, which is also what it checks (the budget rule, the end-of-episode rule). The demonstrations are cut by
 the same budget before their fix, so the smoke trains RL from the base model (no SFT stage; `test_quickstart` covers
-SFT); the full job is a benchmark (its numbers are in docs/results.md).
+SFT); the full job is a benchmark (its numbers are in docs/results.md). The training step's cost is per row, so the
+smoke trains one; ``full`` trains two (the padded batch) at the job's K = 2.
 """
 
 from __future__ import annotations
@@ -30,14 +31,18 @@ pytestmark = [pytest.mark.slow, pytest.mark.docker, pytest.mark.deepspeed]
 ROOT = Path(__file__).resolve().parents[3]
 SMOKE = [
     "stages=[collect,train]", "env.tasks=swe-offline:smoke", "collect.n=2", "run.total_steps=1", "run.save_every=1",
-    "trainer.batch_size=2", "trainer.warmup_steps=0", "trainer.critic_warmup_steps=0", "rollout.concurrency=2",
-    "rollout.buffer_size=2", "rollout.max_turns=4", "rollout.max_tokens=128", "rollout.max_context_tokens=1400",
-    "deepspeed.micro_batch_size=2", "run.plot=false", "run.progress=false",
+    "trainer.warmup_steps=0", "trainer.critic_warmup_steps=0", "rollout.max_turns=4", "rollout.max_tokens=128",
+    "rollout.max_context_tokens=1400", "run.plot=false", "run.progress=false",
 ]  # fmt: skip
-# The smoke's training step without what only costs time at this size (the policy step is the one checked): one
-# critic step instead of K = 2. (Gradient checkpointing stays: without it the trainer peaked at 6.4 GB and was
-# OOM-killed beside the other suites on this 24 GiB machine.) The ``full`` size keeps the job's own settings.
-LIGHTER = ["trainer.critic_updates_per_step=1"]
+# The smoke's training step without what only costs time at this size (the checks hold row by row): one row of one
+# episode, one critic step instead of K = 2. (Gradient checkpointing stays: without it the trainer peaked at 6.4 GB
+# and was OOM-killed beside the other suites on this 24 GiB machine.) The ``full`` size trains two rows of two
+# tasks (padded to one batch) with the job's own settings.
+ONE_ROW = [
+    "trainer.batch_size=1", "rollout.concurrency=1", "rollout.buffer_size=1", "deepspeed.micro_batch_size=1",
+    "trainer.critic_updates_per_step=1",
+]  # fmt: skip
+TWO_ROWS = ["trainer.batch_size=2", "rollout.concurrency=2", "rollout.buffer_size=2", "deepspeed.micro_batch_size=2"]
 
 
 def _trained(run: Path) -> list[Any]:
@@ -55,8 +60,9 @@ def _trained(run: Path) -> list[Any]:
     return [by_uid[u] for u in trained]
 
 
-def check_what_the_trainer_consumed(train: Path, start_model: Path, budget: int) -> None:
-    """The checks of the module doc on a finished train stage ``train`` that started from ``start_model``."""
+def check_what_the_trainer_consumed(train: Path, start_model: Path, budget: int, rows: int) -> None:
+    """The checks of the module doc on a finished train stage ``train`` that started from ``start_model`` and
+    trained one batch of ``rows`` trajectories."""
     from safetensors.torch import load_file
 
     from sao.trainer.algos.registry import PolicyLossInputs, get_advantage, get_policy_loss
@@ -67,7 +73,7 @@ def check_what_the_trainer_consumed(train: Path, start_model: Path, budget: int)
     from sao.trainer.learn.targets import value_after
 
     trajs = _trained(train)
-    assert len(trajs) == 2 and all(t.env_id == "sao/SWE-v0" for t in trajs)
+    assert len(trajs) == rows and all(t.env_id == "sao/SWE-v0" for t in trajs)
     assert all("observation" in [s.kind for s in t.segments] for t in trajs)  # real tool output came back
     (row,) = [json.loads(x) for x in (train / "metrics.jsonl").read_text().splitlines()]
     assert row["step"] == 1 and row["trained_tokens"] > 0 and row["skipped_steps"] == 0
@@ -125,21 +131,22 @@ def check_what_the_trainer_consumed(train: Path, start_model: Path, budget: int)
 
 
 @pytest.mark.parametrize(
-    "lighter", [pytest.param(LIGHTER, id="smoke"), pytest.param([], id="job_settings", marks=pytest.mark.full)]
+    ("size", "rows"),
+    [pytest.param(ONE_ROW, 1, id="smoke"), pytest.param(TWO_ROWS, 2, id="job_settings", marks=pytest.mark.full)],
 )
 def test_swe_job_trains_sao_on_docker_swe_rollouts(
-    lighter: list[str], tmp_path: Path, smollm2_dir: Path, offline_tasks: Any
+    size: list[str], rows: int, tmp_path: Path, smollm2_dir: Path, offline_tasks: Any
 ) -> None:
     run = tmp_path / "swe"
     t0 = time.time()
     res = subprocess.run(
         [sys.executable, "-m", "sao.cli.main", "train", str(ROOT / "configs/swe_quickstart.yaml"), f"run.dir={run}",
-         *SMOKE, *lighter],
+         *SMOKE, *size],
         cwd=ROOT, env=cli_env(), capture_output=True, text=True, timeout=2400,
     )  # fmt: skip
     wall = time.time() - t0
     assert res.returncode == 0, res.stderr[-4000:]
     collected = json.loads((run / "00_collect" / "done.json").read_text())
     assert collected["episodes"] == 2 and collected["infra_errors"] == 0  # the demonstrator's calls ran in Docker
-    check_what_the_trainer_consumed(run / "01_train", smollm2_dir, budget=1400)
+    check_what_the_trainer_consumed(run / "01_train", smollm2_dir, budget=1400, rows=rows)
     print(f"SWE job smoke wall time {wall:.0f}s")
