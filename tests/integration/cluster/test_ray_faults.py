@@ -10,8 +10,9 @@ take four faults in turn (each start of a driver costs ~50 s of actors and a vLL
    the rank and the checkpoint (before: the collective hung or the driver died with exit 1);
 3. `sao train --resume` trains from that checkpoint; right after its first new checkpoint its driver is killed
    (SIGKILL): Ray ends the run's actors, the engine's vLLM server goes too (its watchdog);
-4. `sao train --resume RUN_DIR` on the same cluster trains two steps past the last checkpoint: no step up to a
-   checkpoint is trained again (its metrics lines are untouched), and the killed runs' containers are reaped.
+4. `sao train --resume RUN_DIR` on the same cluster trains past the last checkpoint until it must play new episodes
+   (the ledger's pending ones used up): no step up to a checkpoint is trained again (its metrics lines are
+   untouched), and the killed runs' containers are reaped.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Any
 
 import pytest
 
+from sao.trainer.rollout.ledger import replay
 from tests.integration.cluster.test_ray_backend import overrides as token_game_overrides
 
 pytestmark = [pytest.mark.vllm, pytest.mark.deepspeed, pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(1200)]
@@ -242,11 +244,14 @@ def test_sandbox_host_trainer_rank_and_driver_killed_and_every_resume_trains_no_
     assert second[:saved] == first[:saved], "steps up to the checkpoint were trained again"
 
     t1 = time.monotonic()
-    # two steps past the checkpoint: the resumed run must play new episodes, not only train the ones the ledger kept
-    last = _sao(["--resume", str(run_dir), f"run.total_steps={saved_again + 2}"], log)
+    # one step more than the ledger's pending trajectories fill (batches of 4): the resumed run must play new
+    # episodes, not only train the ones the ledger kept (two killed runs played ahead of their trainer)
+    pending = replay(run_dir / "trajectories.jsonl", resume_from=saved_again)[0].pending
+    total = saved_again + pending // 4 + 1
+    last = _sao(["--resume", str(run_dir), f"run.total_steps={total}"], log)
     assert last.wait(600) == 0, log.read_text()[-4000:]
-    after = _lines_through(run_dir, saved_again + 2)
-    assert len(after) == saved_again + 2
+    after = _lines_through(run_dir, total)
+    assert len(after) == total
     assert after[:saved_again] == second[:saved_again], "steps up to the checkpoint were trained again"
     rows = _read(run_dir / "trajectories.jsonl")
     records = [r["trajectory"] for r in rows if "trajectory" in r]
@@ -255,7 +260,8 @@ def test_sandbox_host_trainer_rank_and_driver_killed_and_every_resume_trains_no_
     after_resume = [r["trajectory"] for r in rows[mark:] if "trajectory" in r]
     host_errors = [t for t in records if "sandbox host" in t["info"].get("infra_error", "")]
     print(
-        f"checkpoints at steps {saved} (rank killed) and {saved_again} (driver killed); the last resume took "
+        f"checkpoints at steps {saved} (rank killed) and {saved_again} (driver killed); the last resume (to step "
+        f"{total}, {pending} pending trajectories) took "
         f"{time.monotonic() - t1:.0f} s, {time.monotonic() - t0:.0f} s in all; {len(records)} trajectories, "
         f"{len(host_errors)} infra errors from the sandbox host"
     )
