@@ -20,6 +20,8 @@ Disk: every command runs under ``ulimit -f`` of ``disk_limit`` (a bigger file is
 limit exceeded`` / ``File too large``), and ``_DiskWatch`` measures the writable layer of every sandbox of this
 process every ``disk_check_s`` (between commands too) and kills the user's processes when what the episode wrote
 passes ``disk_limit`` (``ExecResult.disk_full``); overlay2 on ext4 has no per-container quota to do it instead.
+With a local daemon it also freezes the sandboxes as soon as the host's free disk drops faster than they may
+write, so a fast writer is stopped within ~0.1 s instead of a period (see ``_DiskWatch``).
 Memory: a command, or one of its processes, killed by the cgroup's OOM killer sets ``ExecResult.oom_killed``
 (the memory cgroup's ``oom_kill`` counter, read by the exec wrapper after the command).
 
@@ -52,13 +54,14 @@ import io
 import os
 import re
 import select
+import signal
 import socket
 import tarfile
 import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import TracebackType
@@ -291,6 +294,7 @@ class DockerSandbox:
         self._disk_kills_told = 0
         self.disk_baseline: int | None = None  # writable-layer bytes when the watch first measured it
         self.disk_killed_at: int | None = 0  # the size still-growing is measured from; None: just killed
+        self.disk_size: int | None = None  # writable-layer bytes at the watch's last measurement
 
     # ---- lifecycle -------------------------------------------------------------------------------------------
     @classmethod
@@ -592,6 +596,53 @@ class DockerSandbox:
             argv = ["kill", "-9", "-1"]
             self.client.api.exec_start(self._exec_create(argv, "/", None, self.cfg.user, stdin=False), detach=True)
 
+    def _stop_writers_blocking(self, local: bool, frozen: bool) -> None:
+        """Kill every process of the commands' user for the disk watch, as fast as it can: with the daemon on this
+        machine, frozen (``docker pause``; ``frozen``: the watch already did), signalled by host pid (``docker
+        top``, each pid checked to be in this container's cgroup), then thawed, so a writer does not write on
+        while an exec starts; otherwise, or where this process may not signal them, ``kill -9 -1`` inside."""
+        if local:
+            paused = False
+            try:
+                if not frozen:
+                    self.client.api.pause(self.id)
+                    paused = True
+                killed = self._kill_user_pids_blocking()
+            except Exception:
+                killed = False
+            finally:
+                if paused:
+                    with contextlib.suppress(Exception):
+                        self.client.api.unpause(self.id)
+            if killed:
+                return
+            if frozen:
+                with contextlib.suppress(Exception):
+                    self.client.api.unpause(self.id)  # an exec cannot enter a frozen container
+        self._kill_all_blocking()
+
+    def _kill_user_pids_blocking(self) -> bool:
+        """SIGKILL, from this machine, each process of the container run by the commands' user; ``False`` when
+        none could be (another pid namespace, no permission, a uid remapped by the daemon)."""
+        top = self.client.api.top(self.id, ps_args="-eo pid,uid")
+        titles = [t.upper() for t in top.get("Titles") or []]
+        if "PID" not in titles or "UID" not in titles:
+            return False
+        pid_at, uid_at = titles.index("PID"), titles.index("UID")
+        killed = False
+        for row in top.get("Processes") or []:
+            pid, uid = int(row[pid_at]), int(row[uid_at])
+            if uid != self.uid or uid == 0:
+                continue
+            try:
+                if self.id not in Path(f"/proc/{pid}/cgroup").read_text():
+                    continue
+                os.kill(pid, signal.SIGKILL)
+                killed = True
+            except (OSError, ValueError):
+                continue
+        return killed
+
     # ---- files ---------------------------------------------------------------------------------------------------
     async def read_file(self, path: str) -> str:
         """The text of ``path`` in the container. FileNotFoundError when absent (the agent's business);
@@ -711,23 +762,48 @@ class _DiskWatch:
     user is killed (the container and its files stay: the agent can read, delete and go on; only writing more
     is killed again). It runs while a sandbox lives, between commands too, so a writer left in the background is
     caught as well. A period starts when the previous query did, so it is ``disk_check_s`` or the daemon's size
-    query, whichever is longer (the query walks the layer: ~0.1 s on a quiet host, ~2 s seen under CI's load). The
-    bound is ``disk_limit`` plus what a writer manages in one such period (~250 MB/s here)."""
+    query, whichever is longer (the query walks the layer: ~0.1 s on a quiet host, ~2 s seen under CI's load).
+
+    A fast writer (one into the page cache reaches ~1 GB/s here) would pass the limit by a whole period and a
+    query that way, so when the daemon is on this machine a second thread samples the free space of its data
+    directory every ``TRIP_S``. When the host lost more since the last query began than every sandbox may still
+    write, plus ``TRIP_SLACK`` for the host's own writes, it freezes the sandboxes (``docker pause``), queries,
+    stops the writers of those past their limit while they are frozen, and thaws them. The bound is then
+    ``disk_limit`` plus ``TRIP_SLACK`` and what a writer manages in one ``TRIP_S``; with a remote daemon, in one
+    period and its query."""
+
+    TRIP_S = 0.05
+    TRIP_SLACK = 64 << 20
 
     _watches: dict[str, _DiskWatch] = {}  # noqa: RUF012 - one per daemon, for the whole process
     _lock = threading.Lock()
 
-    def __init__(self, client: Any) -> None:
+    def __init__(self, client: Any, host: str) -> None:
         self.client = client
         self.boxes: dict[str, DockerSandbox] = {}
         self.thread: threading.Thread | None = None
+        self.tripper: threading.Thread | None = None
+        self.root = self._local_root(client, host)
+        self.querying = threading.Lock()  # one size query and its kills at a time
+        self.free_at_query: int | None = None
+
+    @staticmethod
+    def _local_root(client: Any, host: str) -> str | None:
+        """The daemon's data directory when the daemon is on this machine (a local socket), else ``None``."""
+        if host and not host.startswith("unix://"):
+            return None
+        try:
+            root = client.info().get("DockerRootDir")
+        except Exception:
+            return None
+        return root if isinstance(root, str) and os.path.isdir(root) else None
 
     @classmethod
     def of(cls, client: Any, host: str) -> _DiskWatch:
         with cls._lock:
             watch = cls._watches.get(host)
             if watch is None or watch.client is not client:
-                watch = cls._watches[host] = cls(client)
+                watch = cls._watches[host] = cls(client, host)
             return watch
 
     def add(self, sb: DockerSandbox) -> None:
@@ -736,36 +812,92 @@ class _DiskWatch:
             rows = self.client.api.containers(filters={"id": sb.id}, size=True)
             sb.disk_baseline = int(rows[0].get("SizeRw") or 0) if rows else None
         with self._lock:
+            if not self.boxes:  # what the host lost before is no sandbox's
+                self.free_at_query = self._free()
             self.boxes[sb.id] = sb
             if self.thread is None or not self.thread.is_alive():
                 self.thread = threading.Thread(target=self._run, name="sao-disk-watch", daemon=True)
                 self.thread.start()
+            if self.root is not None and (self.tripper is None or not self.tripper.is_alive()):
+                self.tripper = threading.Thread(target=self._trip_run, name="sao-disk-trip", daemon=True)
+                self.tripper.start()
 
     def discard(self, sb: DockerSandbox) -> None:
         with self._lock:
             self.boxes.pop(sb.id, None)
 
+    def _live(self) -> list[DockerSandbox] | None:
+        """The sandboxes watched now; ``None`` (and the calling thread is to end) when there are none."""
+        with self._lock:
+            if not self.boxes:
+                if threading.current_thread() is self.thread:
+                    self.thread = None
+                else:
+                    self.tripper = None
+                return None
+            return list(self.boxes.values())
+
     def _run(self) -> None:
         started = 0.0
-        while True:
-            with self._lock:
-                if not self.boxes:
-                    self.thread = None
-                    return
-                period = min(b.cfg.disk_check_s for b in self.boxes.values())
+        while (boxes := self._live()) is not None:
+            period = min(b.cfg.disk_check_s for b in boxes)
             time.sleep(max(0.0, period - (time.monotonic() - started)) if started else period)
             started = time.monotonic()
+            self._query()
+
+    def _query(self, frozen: bool = False) -> None:
+        with self.querying:
+            self.free_at_query = self._free()
             try:
                 rows = self.client.api.containers(filters={"label": f"{OWNER_PID_LABEL}={os.getpid()}"}, size=True)
             except Exception:  # the daemon is away: the commands fail on their own, the watch tries again
-                continue
+                return
             for row in rows:
                 sb = self.boxes.get(row.get("Id", ""))
-                if sb is not None:
-                    self.measured(sb, int(row.get("SizeRw") or 0))
+                if sb is not None and self.measured(sb, int(row.get("SizeRw") or 0)):
+                    sb._stop_writers_blocking(local=self.root is not None, frozen=frozen)
+
+    def _free(self) -> int | None:
+        if self.root is None:
+            return None
+        try:
+            st = os.statvfs(self.root)
+        except OSError:
+            return None
+        return st.f_bavail * st.f_frsize
+
+    def _trip_run(self) -> None:
+        while (boxes := self._live()) is not None:
+            time.sleep(self.TRIP_S)
+            if not self.tripped(self.free_at_query, self._free(), boxes):
+                continue
+            frozen = []
+            for sb in boxes:
+                with contextlib.suppress(Exception):
+                    self.client.api.pause(sb.id)
+                    frozen.append(sb)
+            try:
+                self._query(frozen=True)
+            finally:
+                for sb in frozen:
+                    with contextlib.suppress(Exception):
+                        self.client.api.unpause(sb.id)
+
+    @classmethod
+    def tripped(cls, free_at_query: int | None, free_now: int | None, boxes: Iterable[DockerSandbox]) -> bool:
+        """Whether the host lost more free disk since the last query began than the sandboxes may still write."""
+        if free_at_query is None or free_now is None:
+            return False
+        room = 0
+        for sb in boxes:
+            written = 0 if sb.disk_size is None or sb.disk_baseline is None else sb.disk_size - sb.disk_baseline
+            room += max(0, sb.cfg.disk_bytes - written)
+        return free_at_query - free_now > room + cls.TRIP_SLACK
 
     @staticmethod
-    def measured(sb: DockerSandbox, size: int) -> None:
+    def measured(sb: DockerSandbox, size: int) -> bool:
+        """Record a measurement of ``sb``'s writable layer; ``True`` when its writers are to be killed."""
+        sb.disk_size = size
         if sb.disk_baseline is None:
             sb.disk_baseline = size
         if sb.disk_killed_at is None:  # the first measurement after a kill: what the killed writers left
@@ -773,7 +905,8 @@ class _DiskWatch:
         elif size - sb.disk_baseline > sb.cfg.disk_bytes and size > sb.disk_killed_at:
             sb.disk_killed_at = None
             sb.disk_kills += 1
-            sb._kill_all_blocking()
+            return True
+        return False
 
 
 def _remove_pending(client: Any, host: str) -> None:

@@ -171,6 +171,7 @@ class _Box:
         self.cfg = SandboxConfig(disk_limit=limit)
         self.disk_baseline: int | None = None
         self.disk_killed_at: int | None = 0
+        self.disk_size: int | None = None
         self.disk_kills = 0
 
     def _kill_all_blocking(self) -> None:
@@ -190,3 +191,26 @@ def test_disk_watch_kills_past_the_limit_only_while_growing() -> None:
     # 5 is the baseline (what setup wrote); 20 is 15 past it: killed; 22 is what the killed writer left (no kill);
     # 22, 15, 18 do not grow past it; 23 does: killed; 30 is the next post-kill measurement.
     assert kills == [0, 0, 1, 1, 1, 1, 1, 2, 2]
+    assert box.disk_size == 30 * mib
+
+
+def test_disk_watch_trips_early_when_the_host_lost_more_than_the_sandboxes_may_still_write() -> None:
+    from sao.sandboxes.docker import _DiskWatch
+
+    mib, slack = 1 << 20, _DiskWatch.TRIP_SLACK
+    fresh, half = _Box(100 * mib), _Box(100 * mib)  # never measured: all 100 MiB may be written
+    for size in (10, 60):  # half: a 10 MiB baseline, 50 MiB written, 50 MiB of room left
+        _DiskWatch.measured(half, size * mib)  # type: ignore[arg-type]
+    boxes = [fresh, half]
+    free0 = 10_000 * mib
+    room = 150 * mib + slack
+    assert not _DiskWatch.tripped(free0, free0 - room, boxes)  # type: ignore[arg-type]
+    assert _DiskWatch.tripped(free0, free0 - room - 1, boxes)  # type: ignore[arg-type]
+    # a sandbox past its limit has no room (not a negative one): the others' room and the slack remain
+    over = _Box(10 * mib)
+    for size in (0, 40):
+        _DiskWatch.measured(over, size * mib)  # type: ignore[arg-type]
+    assert _DiskWatch.tripped(free0, free0 - room - 1, [*boxes, over])  # type: ignore[arg-type]
+    # without a local data directory (a remote daemon) nothing is known: only the period's query decides
+    assert not _DiskWatch.tripped(None, free0 - 10**12, boxes)  # type: ignore[arg-type]
+    assert not _DiskWatch.tripped(free0, None, boxes)  # type: ignore[arg-type]
