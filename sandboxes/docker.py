@@ -445,7 +445,11 @@ class DockerSandbox:
         self, argv: list[str], workdir: str | None, env: dict[str, str] | None, user: str, stdin: bool = True
     ) -> str:
         try:
-            ex = self.client.api.exec_create(self.id, argv, workdir=workdir, environment=env, user=user, stdin=stdin)
+            ex = _while_frozen(
+                lambda: self.client.api.exec_create(
+                    self.id, argv, workdir=workdir, environment=env, user=user, stdin=stdin
+                )
+            )
             return str(ex["Id"])
         except docker.errors.NotFound as e:
             raise SandboxError(f"container {self.id[:12]} is gone: {e.explanation or e}") from e
@@ -459,7 +463,7 @@ class DockerSandbox:
     def _start_stream(self, exec_id: str, stdin: bytes = b"") -> _ExecStream:
         """Start the exec, open its gate and feed it ``stdin`` (see ``_ExecStream``)."""
         try:
-            stream = _ExecStream(self.client.api.exec_start(exec_id, socket=True))
+            stream = _ExecStream(_while_frozen(lambda: self.client.api.exec_start(exec_id, socket=True)))
         except docker.errors.APIError as e:
             raise SandboxError(f"container {self.id[:12]} could not start the command: {e.explanation or e}") from e
         except (requests.exceptions.ConnectionError, OSError) as e:
@@ -907,6 +911,19 @@ class _DiskWatch:
             sb.disk_kills += 1
             return True
         return False
+
+
+def _while_frozen(call: Callable[[], T], wait_s: float = 30.0) -> T:
+    """``call()``, tried again while the daemon refuses it because the disk watch froze the container for a
+    moment (a 409 "is paused"); any other error, or one past ``wait_s``, is raised as it came."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            return call()
+        except docker.errors.APIError as e:
+            if e.status_code != 409 or "paused" not in str(e).lower() or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
 
 
 def _remove_pending(client: Any, host: str) -> None:

@@ -260,6 +260,22 @@ async def test_disk_limit_refuses_big_files_and_kills_writers_past_it(
         assert int(r.output.split()[1]) < 600 and _written(docker_client, sb.id) < bound, r
 
 
+async def test_a_command_started_while_the_disk_watch_froze_the_sandbox_runs_once_it_thaws(
+    docker_cfg: SandboxConfig, docker_client: Any
+) -> None:
+    """The disk watch pauses sandboxes for a moment when the host's disk drops fast; the daemon refuses an exec
+    into a paused container (409), so a command that starts then waits for the thaw instead of failing."""
+    async with await DockerSandbox.create(docker_cfg) as sb:
+        docker_client.api.pause(sb.id)
+        thaw = asyncio.get_running_loop().call_later(1.0, docker_client.api.unpause, sb.id)
+        t0 = time.monotonic()
+        try:
+            r = await sb.exec("echo thawed", timeout=10)
+        finally:
+            thaw.cancel()
+        assert (r.exit_code, r.output) == (0, "thawed\n") and time.monotonic() - t0 >= 1.0
+
+
 async def test_memory_kills_are_told_apart_from_other_kills(docker_cfg: SandboxConfig) -> None:
     async with await DockerSandbox.create(docker_cfg) as sb:
         r = await sb.exec("python3 -c 'b = bytearray(1 << 30)'", timeout=60)
