@@ -10,7 +10,6 @@ started it, even one killed with SIGKILL (``sao.core.tether``).
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -22,7 +21,7 @@ import httpx
 
 import sao
 from sao.agent.engines.protocols import EngineError
-from sao.core.tether import popen_tethered
+from sao.core.tether import popen_tethered, stop_group
 
 WORKER_EXTENSION = "sao.agent.engines.vllm_worker_ext.SAOWorkerExtension"
 
@@ -160,23 +159,7 @@ class LocalVLLMServer:
 
     def stop(self, timeout: float = 20.0) -> None:
         """Terminate the whole process group (API server + engine core worker), then kill what remains."""
-        if self.proc.poll() is not None:
-            return
-        pgid = self.proc.pid  # popen_tethered made the server the leader of its own group
-        for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
-            try:
-                os.killpg(pgid, sig)
-            except ProcessLookupError:
-                return
-            try:
-                self.proc.wait(wait)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-        try:  # children of the group may outlive the leader for a moment
-            os.killpg(pgid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        stop_group(self.proc, timeout)
 
     def __enter__(self) -> LocalVLLMServer:
         return self

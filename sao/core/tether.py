@@ -89,5 +89,26 @@ def popen_tethered(cmd: list[str], *, grace_s: float = 10.0, **popen_kw: Any) ->
     return proc
 
 
+def stop_group(proc: subprocess.Popen[Any], timeout: float = 20.0) -> None:
+    """Stop a group started by ``popen_tethered``: SIGTERM to the group, then SIGKILL to what is left after
+    ``timeout`` (and once more after the leader ended: its children may outlive it for a moment)."""
+    if proc.poll() is not None:
+        return
+    for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(wait)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
 if __name__ == "__main__":
     _watch(int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]))

@@ -21,6 +21,7 @@ from typing import Any
 
 from sao.core.console import ProgressLine
 from sao.core.jsonl import iter_jsonl
+from sao.core.tether import popen_tethered, stop_group
 from sao.eval.common import EvalError
 
 KEYS = ("instance_id", "model_name_or_path", "model_patch")
@@ -107,10 +108,15 @@ def grade_with_harness(
     with open(log_path, "ab") as log, ProgressLine("harness", len(preds)) as bar:
         log.write(("$ " + " ".join(cmd) + "\n").encode())
         log.flush()
-        proc = subprocess.Popen(cmd, cwd=workdir, stdout=log, stderr=subprocess.STDOUT)
-        while proc.poll() is None:
-            bar.update(sum((log_dir(p) / LOG_REPORT).exists() for p in preds))
-            time.sleep(1.0)
+        # tethered: the harness and its workers end with this process, even when it is killed with SIGKILL
+        proc = popen_tethered(cmd, cwd=workdir, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            while proc.poll() is None:
+                bar.update(sum((log_dir(p) / LOG_REPORT).exists() for p in preds))
+                time.sleep(1.0)
+        except BaseException:  # Ctrl-C, SIGTERM raised as an exception, a failed progress update
+            stop_group(proc)
+            raise
         bar.update(len(preds))
     if proc.returncode != 0:
         tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-15:])

@@ -88,3 +88,26 @@ def test_a_child_stopped_by_its_starter_leaves_no_watcher_behind() -> None:
     os.killpg(proc.pid, signal.SIGTERM)  # the clean path stays the starter's: signal the group
     proc.wait(10)
     assert _wait_until(lambda: not _watchers(proc.pid), 5.0), "the watcher outlived the child"
+
+
+# The group's leader and a child of it both ignore SIGTERM: only the escalation to SIGKILL ends them.
+STUBBORN = """
+import signal, subprocess, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+ignore = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(120)"
+child = subprocess.Popen([sys.executable, "-c", ignore])
+print(child.pid, flush=True)
+time.sleep(120)
+"""
+
+
+def test_stop_group_ends_every_member_even_those_that_ignore_sigterm() -> None:
+    proc = popen_tethered([sys.executable, "-c", STUBBORN], stdout=subprocess.PIPE)
+    assert proc.stdout is not None
+    child = int(proc.stdout.readline())
+    time.sleep(0.5)  # both have set their handlers
+    t0 = time.monotonic()
+    tether.stop_group(proc, timeout=1.0)
+    assert proc.poll() == -signal.SIGKILL and time.monotonic() - t0 < 8
+    assert _wait_until(lambda: _gone(child), 5.0), "a member of the group outlived stop_group"
+    assert _wait_until(lambda: not _watchers(proc.pid), 5.0), "the watcher outlived the group"

@@ -65,3 +65,69 @@ def test_sigterm_removes_the_eval_containers_before_it_exits(
     assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
     assert stop_s < SLEEP_S / 2, f"the stop took {stop_s:.0f} s: it waited for the episode instead of ending it"
     print(f"SIGTERM to exit: {stop_s:.1f} s")
+
+
+# grade_with_harness in a process the test SIGKILLs once the official harness runs; the patch adds a conftest.py
+# that sleeps, so the harness's test run outlasts the test unless something stops it
+SLOW_PATCH = """diff --git a/conftest.py b/conftest.py
+new file mode 100644
+--- /dev/null
++++ b/conftest.py
+@@ -0,0 +1,2 @@
++import time
++time.sleep(600)
+"""
+HARNESS_LAUNCHER = """
+import json, sys
+from pathlib import Path
+from sao.eval.harness import grade_with_harness
+rec = json.loads(Path(sys.argv[1]).read_text())
+pred = {"instance_id": rec["instance_id"], "model_name_or_path": "tether-check", "model_patch": sys.argv[3]}
+grade_with_harness([pred], [rec], Path(sys.argv[2]), workers=1)
+"""
+
+
+def _harness_pids(workdir: Path) -> list[int]:
+    """Live processes of the official harness run in ``workdir`` (its dataset file is in their argv)."""
+    mark = str(workdir / "dataset.jsonl").encode()
+    found = []
+    for d in Path("/proc").iterdir():
+        try:
+            args = (d / "cmdline").read_bytes().split(b"\0")
+            state = (d / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, ValueError, IndexError):
+            continue
+        if mark in args and b"swebench.harness.run_evaluation" in args and state != "Z":
+            found.append(int(d.name))
+    return found
+
+
+def test_the_official_harness_dies_with_an_eval_killed_by_sigkill(
+    eval_tasks: list[dict[str, Any]], docker_client: Any, tmp_path: Path
+) -> None:
+    rec = tmp_path / "rec.json"
+    rec.write_text(json.dumps(eval_tasks[0]))
+    workdir = (tmp_path / "harness").resolve()
+    run = [sys.executable, "-c", HARNESS_LAUNCHER, str(rec), str(workdir), SLOW_PATCH]
+    proc = subprocess.Popen(run, cwd=ROOT, env=cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None and not _harness_pids(workdir):
+            time.sleep(0.2)
+        assert proc.poll() is None and _harness_pids(workdir), "the harness did not start within 120 s"
+        proc.kill()  # SIGKILL: the eval runs no cleanup of its own
+        proc.wait()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and _harness_pids(workdir):
+            time.sleep(0.2)
+        left = _harness_pids(workdir)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        # what the killed harness left of its grading (its containers are named sweb.eval.<instance>.<run id>)
+        named = f"sweb.eval.{eval_tasks[0]['instance_id']}."
+        for c in docker_client.containers.list(all=True, filters={"name": named}):
+            c.remove(force=True)
+    assert not left, f"the official harness outlived the eval that started it: pids {left}"
+    assert not list(workdir.rglob("report.json")), "the harness finished its grading: the kill was not what ended it"
