@@ -607,10 +607,11 @@ class DockerSandbox:
         while an exec starts; otherwise, or where this process may not signal them, ``kill -9 -1`` inside."""
         if local:
             paused = False
-            try:
-                if not frozen:
+            if not frozen:
+                with contextlib.suppress(Exception):  # refused: the watch's trip froze it already, kill all the same
                     self.client.api.pause(self.id)
                     paused = True
+            try:
                 killed = self._kill_user_pids_blocking()
             except Exception:
                 killed = False
