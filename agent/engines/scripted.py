@@ -19,7 +19,8 @@ from sao.core.jsonl import iter_jsonl
 
 
 class ScriptedEngine:
-    """Returns ``outputs[i]`` on the i-th call (cut at ``max_tokens``); ``fail_after`` raises EngineError."""
+    """Returns ``outputs[i]`` on the i-th call (cut at ``max_tokens``); ``fail_after`` raises EngineError from
+    that call on, ``fail_attempts`` on those attempts only (0-based, failed ones counted: a transient failure)."""
 
     def __init__(
         self,
@@ -29,9 +30,11 @@ class ScriptedEngine:
         version: int = 0,
         delay_s: float = 0.0,
         fail_after: int | None = None,
+        fail_attempts: Sequence[int] = (),
     ) -> None:
         self.outputs = [list(o) for o in outputs]
         self.logprob, self._version, self.delay_s, self.fail_after = logprob, version, delay_s, fail_after
+        self.fail_attempts, self.attempts = set(fail_attempts), 0
         self.prompts: list[list[int]] = []
 
     @property
@@ -40,6 +43,9 @@ class ScriptedEngine:
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Generation:
         n = len(self.prompts)
+        self.attempts += 1
+        if self.attempts - 1 in self.fail_attempts:
+            raise EngineError("scripted transient engine failure")
         if self.fail_after is not None and n >= self.fail_after:
             raise EngineError("scripted engine failure")
         self.prompts.append(list(prompt_ids))

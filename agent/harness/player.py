@@ -9,8 +9,11 @@ the engine (or, for a plain OpenAI-compatible endpoint, nothing is recorded); th
   gateway's context budget ran out): SAO grades what exists (the env's ``aend``: the SWE env diffs the repository
   and grades the patch with its own grader). A submit terminates the episode (``status="ok"``); any other stop
   truncates it, graded, so its return is complete and the trainer treats it as terminal (``info["graded"]``);
-* an infra failure (the env's, the engine's behind the gateway, the harness itself raising) is an
-  ``infra_error``, never a reward.
+* an infra failure (the env's, the harness itself raising) is an ``infra_error``, never a reward; so is a failed
+  engine request behind the gateway when the episode then ended by an error or a wall-clock limit (the failure may
+  be why). An agent that retried a failed request and went on to submit, or was cut by a step, format-error or
+  context limit, made the same rows a run without the failure makes (a failed request records nothing): its
+  outcome is the policy's and stands, with ``info["engine_errors"]`` counting the failures.
 
 The trajectories are the session's rows (``SessionRecord.trajectories``): each row is exactly what the engine saw
 and sampled, every row carries the episode's reward and status, and ``info`` gains the harness's description
@@ -146,11 +149,17 @@ async def _outcome(env: AsyncEnv, ws: EnvWorkspace, end: HarnessEnd, record: Any
     info: dict[str, Any] = dict(ws.info)
     if ws.infra_error:
         return "infra_error", 0.0, {**info, "infra_error": ws.infra_error}
-    if record is not None and record.engine_errors:
-        return "infra_error", 0.0, {**info, "infra_error": f"the engine failed {record.engine_errors} request(s)"}
-    if ws.ended is not None:  # the env's own limit or a dead sandbox ended it; the env graded it then
-        return ws.ended, ws.reward, info
+    engine_errors = record.engine_errors if record is not None else 0
+    if engine_errors:
+        info["engine_errors"] = engine_errors
     reason = "context_length" if record is not None and record.context_exhausted else end.reason
+    if ws.ended is not None:  # the env's own limit or a dead sandbox ended it; the env graded it then
+        reason = ws.end_reason if ws.ended == "truncated" else "submitted"
+    if engine_errors and reason in ("error", "time_limit"):
+        # The failure may be why the agent stopped or ran out of time: not the policy's outcome.
+        return "infra_error", 0.0, {**info, "infra_error": f"the engine failed {engine_errors} request(s)"}
+    if ws.ended is not None:
+        return ws.ended, ws.reward, info
     if reason == "error":
         return "infra_error", 0.0, {**info, "infra_error": f"the harness failed: {end.error or end.exit_status}"}
     reward, graded = await agent_ended(env, reason)

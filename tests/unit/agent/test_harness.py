@@ -230,6 +230,30 @@ async def test_an_engine_failure_behind_the_gateway_is_an_infra_error(
     assert row.status == "infra_error" and "engine failed" in row.info["infra_error"]
 
 
+async def test_a_failed_request_the_agent_retried_keeps_the_episodes_graded_outcome(
+    tok: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The second request fails once; mini-swe-agent retries it and goes on to submit the fix. Nothing was recorded
+    # for the failed try, so the rows are those of a run without it and the graded outcome is the policy's.
+    monkeypatch.setenv("MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT", "2")
+    engine = ScriptedEngine([act(tok, mini("Fix.", FIX)), act(tok, mini("Submit.", SUBMIT))], fail_attempts=[1])
+    player = make_player("mini_swe_agent", PlayerArgs(AgentConfig(4096, 256, max_turns=10), engine, tok))
+    (row,) = await play(player, ShellEnv(tmp_path / "repo"))  # type: ignore[arg-type]
+    assert row.status == "ok" and row.reward == 1.0 and row.info["engine_errors"] == 1
+    assert len(engine.prompts) == 2 and row.info["prefix_breaks"] == 0
+    assert [s.kind for s in row.segments] == ["prompt", "action", "observation", "action"]
+
+
+async def test_a_failed_request_before_an_env_step_limit_keeps_the_envs_grade(tok: Any, tmp_path: Path) -> None:
+    engine = ScriptedEngine([act(tok, mini("Fix.", FIX)), act(tok, mini("Look.", "ls"))], fail_attempts=[1])
+    player = make_player("mini_swe_agent", PlayerArgs(AgentConfig(4096, 128, max_turns=10), engine, tok))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT", "2")
+        (row,) = await play(player, ShellEnv(tmp_path / "repo", max_steps=2))  # type: ignore[arg-type]
+    assert row.status == "truncated" and row.info["truncation_reason"] == "step_limit" and row.reward == 1.0
+    assert row.info["engine_errors"] == 1
+
+
 class Raising:
     name = "raising"
 
