@@ -1,19 +1,26 @@
-"""`sao bench value-fit`: what the critic's gradient clip (and learning rate) does to value pretraining, side by
-side in one run on the same rollouts: held-out explained variance and the gradient norm per epoch, per setting.
+"""`sao bench value-fit`: what the critic's gradient clip, learning rate and the number of rollouts it is fitted
+on do to value pretraining, side by side in one run on the same rollouts: held-out explained variance and the
+gradient norm per epoch, per setting.
 
 Each setting fits a fresh critic (``sao.trainer.learn.value_pretrain.fit_critic``, the ``pretrain_value`` stage's own
 code) on the same fit/held-out split of the rollouts (whole tasks held out), so the rows differ only in the setting.
+``rollouts`` may name several files (e.g. a run's value-pretraining rollouts and its RL trajectories): they are
+pooled before the split. ``sizes`` fits on the first N of the fit side (shuffled once by the run's seed, so a
+smaller fit set is part of every larger one) against the same held-out tasks: whether more rollouts would warm the
+critic, measured rather than guessed.
 """
 
 from __future__ import annotations
 
 import copy
 import os
+import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sao.core.config import ConfigError
 from sao.core.jsonl import write_json_atomic
 from sao.trainer.config import load_config
 from sao.trainer.learn.value_pretrain import fit_critic, read_rollouts, split_by_task
@@ -29,29 +36,44 @@ class ValueFitConfig:
     epochs: int = 4
     holdout: float = 0.25
     overrides: tuple[str, ...] = ()
+    sizes: tuple[int, ...] = ()
+    """Fit-set sizes to compare (trajectories; empty: all of the fit side)."""
+
+
+def _sizes(vc: ValueFitConfig, n_fit: int) -> list[int]:
+    bad = [n for n in vc.sizes if n < 1 or n > n_fit]
+    if bad:
+        raise ConfigError(
+            f"--sizes {','.join(map(str, bad))}: the fit side has {n_fit} trajectories after holding out "
+            f"{vc.holdout:g} of the tasks; give sizes from 1 to {n_fit}"
+        )
+    return list(vc.sizes) or [n_fit]
 
 
 def run(vc: ValueFitConfig, echo: Any = print) -> dict[str, Any]:
     cfg = load_config(vc.config, list(vc.overrides))
-    trajs = read_rollouts(vc.rollouts)
+    trajs = [t for path in vc.rollouts.split(",") if path.strip() for t in read_rollouts(path.strip())]
     fit, held = split_by_task(trajs, vc.holdout, cfg.run.seed)
+    random.Random(cfg.run.seed).shuffle(fit)
     lrs = vc.lrs or ((cfg.pretrain_value.lr or cfg.critic.lr),)
     rows: list[dict[str, Any]] = []
     load0 = os.getloadavg()[0]
-    for lr in lrs:
-        for clip in vc.clips:
-            c = copy.deepcopy(cfg)
-            c.critic.gradient_clipping = clip
-            t0 = time.perf_counter()
-            res = fit_critic(c, fit, held, vc.epochs, lr, vc.out / f"critic_lr{lr:g}_clip{clip:g}")
-            rows.append({"lr": lr, "clip": clip, "wall_s": time.perf_counter() - t0, **res})
-            echo(
-                f"lr {lr:g} clip {clip:g}: held-out EV {res['held_out_ev_before']:.3f} -> "
-                f"{res['held_out_ev_after']:.3f}, grad norm {res['curve'][-1]['grad_norm']:.2f}"
-            )
+    for size in _sizes(vc, len(fit)):
+        for lr in lrs:
+            for clip in vc.clips:
+                c = copy.deepcopy(cfg)
+                c.critic.gradient_clipping = clip
+                t0 = time.perf_counter()
+                res = fit_critic(c, fit[:size], held, vc.epochs, lr, vc.out / f"critic_n{size}_lr{lr:g}_clip{clip:g}")
+                rows.append({"size": size, "lr": lr, "clip": clip, "wall_s": time.perf_counter() - t0, **res})
+                echo(
+                    f"{size} rollouts, lr {lr:g} clip {clip:g}: held-out EV {res['held_out_ev_before']:.3f} -> "
+                    f"{res['held_out_ev_after']:.3f}, grad norm {res['curve'][-1]['grad_norm']:.2f}"
+                )
     doc = {
         "config": vc.config, "rollouts": vc.rollouts, "fit": len(fit), "held_out": len(held), "epochs": vc.epochs,
-        "load_avg_start": load0, "load_avg_end": os.getloadavg()[0], "rows": rows,
+        "held_out_tasks": len({t.task_id for t in held}), "load_avg_start": load0, "load_avg_end": os.getloadavg()[0],
+        "rows": rows,
     }  # fmt: skip
     vc.out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(vc.out / "value_fit.json", doc)
@@ -64,12 +86,14 @@ def table(doc: dict[str, Any]) -> str:
     lines = [
         f"value fit on {doc['fit']} rollouts, {doc['held_out']} held out (load {doc['load_avg_start']:.1f} -> "
         f"{doc['load_avg_end']:.1f})",
-        "| critic lr | grad clip | held-out EV before | held-out EV after | grad norm (last epoch) | wall s |",
-        "|---|---|---|---|---|---|",
+        "| fit rollouts | critic lr | grad clip | held-out EV before | held-out EV after | grad norm (last epoch) "
+        "| wall s |",
+        "|---|---|---|---|---|---|---|",
     ]
     for r in doc["rows"]:
         lines.append(
-            f"| {r['lr']:g} | {r['clip']:g} | {r['held_out_ev_before']:.3f} | {r['held_out_ev_after']:.3f} | "
+            f"| {r.get('size', doc['fit'])} | {r['lr']:g} | {r['clip']:g} | {r['held_out_ev_before']:.3f} | "
+            f"{r['held_out_ev_after']:.3f} | "
             f"{r['curve'][-1]['grad_norm']:.2f} | {r['wall_s']:.0f} |"
         )
     return "\n".join(lines)
@@ -83,7 +107,7 @@ def plot(doc: dict[str, Any], out: Path) -> None:
 
     fig, ax = plt.subplots(1, 2, figsize=(9, 3.4))
     for r in doc["rows"]:
-        label = f"lr {r['lr']:g}, clip {r['clip']:g}"
+        label = f"{r.get('size', doc['fit'])} rollouts, lr {r['lr']:g}, clip {r['clip']:g}"
         epochs = [0] + [c["epoch"] for c in r["curve"]]
         ax[0].plot(epochs, [r["held_out_ev_before"]] + [c["held_out_ev"] for c in r["curve"]], marker=".", label=label)
         ax[1].plot([c["epoch"] for c in r["curve"]], [c["grad_norm"] for c in r["curve"]], marker=".", label=label)

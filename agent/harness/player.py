@@ -152,7 +152,7 @@ async def _outcome(env: AsyncEnv, ws: EnvWorkspace, end: HarnessEnd, record: Any
     engine_errors = record.engine_errors if record is not None else 0
     if engine_errors:
         info["engine_errors"] = engine_errors
-    reason = "context_length" if record is not None and record.context_exhausted else end.reason
+    reason: str = "context_length" if record is not None and record.context_exhausted else end.reason
     if ws.ended is not None:  # the env's own limit or a dead sandbox ended it; the env graded it then
         reason = ws.end_reason if ws.ended == "truncated" else "submitted"
     if engine_errors and reason in ("error", "time_limit"):

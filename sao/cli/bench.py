@@ -81,20 +81,24 @@ def algos(
 @app.command("value-fit")
 def value_fit(
     config: str = typer.Argument(..., help="the run's config (its model, critic and trainer sections are used)"),
-    rollouts: str = typer.Option(..., help="trajectories of the policy (RUN_DIR/NN_pretrain_value/trajectories.jsonl)"),
+    rollouts: str = typer.Option(
+        ..., help="trajectories of the policy (RUN_DIR/NN_pretrain_value/trajectories.jsonl); several files: a,b"
+    ),
     out: str = typer.Option("runs/bench/value_fit", help="folder for value_fit.json / value_fit.png"),
     clips: str = typer.Option("1,10", help="comma-separated critic gradient clips to compare"),
     lrs: str = typer.Option("", help="comma-separated critic learning rates (default: the config's)"),
     epochs: int = typer.Option(4, help="passes over the fit rollouts"),
     holdout: float = typer.Option(0.25, help="share of tasks held out"),
+    sizes: str = typer.Option("", help="comma-separated fit-set sizes in trajectories (default: the whole fit side)"),
 ) -> None:
-    """Value pretraining side by side: the critic's gradient clip / lr vs held-out explained variance."""
+    """Value pretraining side by side: the critic's gradient clip / lr / fit-set size vs held-out explained variance."""
     from sao.benchmarks.bench_value_fit import ValueFitConfig, run
 
     run(
         ValueFitConfig(
             config=config, rollouts=rollouts, out=Path(out), clips=tuple(float(x) for x in _csv(clips)),
             lrs=tuple(float(x) for x in _csv(lrs)), epochs=epochs, holdout=holdout,
+            sizes=tuple(int(x) for x in _csv(sizes)),
         ),
         echo=typer.echo,
     )  # fmt: skip

@@ -38,3 +38,26 @@ def test_value_fit_bench_compares_clips_on_one_split(tmp_path: Path, deepspeed_e
     assert rows[0]["held_out_ev_after"] != rows[1]["held_out_ev_after"]
     assert rows[0]["held_out_ev_before"] == pytest.approx(rows[1]["held_out_ev_before"])  # same fresh critic
     assert (tmp_path / "out" / "value_fit.json").exists() and (tmp_path / "out" / "value_fit.png").stat().st_size > 0
+
+
+def test_value_fit_bench_pools_rollout_files_and_compares_fit_set_sizes(
+    tmp_path: Path, deepspeed_env: dict[str, str]
+) -> None:
+    from sao.benchmarks.bench_value_fit import ValueFitConfig, run
+    from sao.core.config import ConfigError
+
+    trajs = _marked_trajectories(24)
+    write_jsonl(tmp_path / "a.jsonl", trajs[:12])
+    write_jsonl(tmp_path / "b.jsonl", trajs[12:])
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(yaml.safe_dump({"run": {"dir": str(tmp_path / "run")}, "model": {"path": "tiny:llama"},
+                                   "critic": {"lr": 3e-3}, "trainer": {"batch_size": 6},
+                                   "deepspeed": {"micro_batch_size": 6}}))  # fmt: skip
+    pooled = f"{tmp_path / 'a.jsonl'},{tmp_path / 'b.jsonl'}"
+    doc = run(ValueFitConfig(str(cfg), pooled, tmp_path / "out", clips=(10.0,), epochs=1, sizes=(6, 12)), echo=print)
+    assert doc["fit"] + doc["held_out"] == 24  # both files, pooled before the split
+    assert [(r["size"], r["fit_trajectories"]) for r in doc["rows"]] == [(6, 6), (12, 12)]
+    assert doc["rows"][0]["held_out_trajectories"] == doc["rows"][1]["held_out_trajectories"] == doc["held_out"]
+    assert doc["rows"][0]["held_out_ev_after"] != doc["rows"][1]["held_out_ev_after"]
+    with pytest.raises(ConfigError, match="--sizes 99"):
+        run(ValueFitConfig(str(cfg), pooled, tmp_path / "out2", clips=(10.0,), sizes=(99,)), echo=print)
