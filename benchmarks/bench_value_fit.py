@@ -1,6 +1,6 @@
-"""`sao bench value-fit`: what the critic's gradient clip, learning rate and the number of rollouts it is fitted
-on do to value pretraining, side by side in one run on the same rollouts: held-out explained variance and the
-gradient norm per epoch, per setting.
+"""`sao bench value-fit`: what the critic's gradient clip, learning rate, target lambda and the number of rollouts
+it is fitted on do to value pretraining, side by side in one run on the same rollouts: held-out explained variance
+and the gradient norm per epoch, per setting.
 
 Each setting fits a fresh critic (``sao.trainer.learn.value_pretrain.fit_critic``, the ``pretrain_value`` stage's own
 code) on the same fit/held-out split of the rollouts (whole tasks held out), so the rows differ only in the setting.
@@ -38,6 +38,8 @@ class ValueFitConfig:
     overrides: tuple[str, ...] = ()
     sizes: tuple[int, ...] = ()
     """Fit-set sizes to compare (trajectories; empty: all of the fit side)."""
+    lams: tuple[float, ...] = (1.0,)
+    """Lambdas of the fit's targets (1: Monte-Carlo returns; below 1: TD(lambda) on the critic's own values)."""
 
 
 def _sizes(vc: ValueFitConfig, n_fit: int) -> list[int]:
@@ -58,18 +60,19 @@ def run(vc: ValueFitConfig, echo: Any = print) -> dict[str, Any]:
     lrs = vc.lrs or ((cfg.pretrain_value.lr or cfg.critic.lr),)
     rows: list[dict[str, Any]] = []
     load0 = os.getloadavg()[0]
-    for size in _sizes(vc, len(fit)):
-        for lr in lrs:
-            for clip in vc.clips:
-                c = copy.deepcopy(cfg)
-                c.critic.gradient_clipping = clip
-                t0 = time.perf_counter()
-                res = fit_critic(c, fit[:size], held, vc.epochs, lr, vc.out / f"critic_n{size}_lr{lr:g}_clip{clip:g}")
-                rows.append({"size": size, "lr": lr, "clip": clip, "wall_s": time.perf_counter() - t0, **res})
-                echo(
-                    f"{size} rollouts, lr {lr:g} clip {clip:g}: held-out EV {res['held_out_ev_before']:.3f} -> "
-                    f"{res['held_out_ev_after']:.3f}, grad norm {res['curve'][-1]['grad_norm']:.2f}"
-                )
+    grid = [(n, lam, lr, clip) for n in _sizes(vc, len(fit)) for lam in vc.lams for lr in lrs for clip in vc.clips]
+    for size, lam, lr, clip in grid:
+        c = copy.deepcopy(cfg)
+        c.critic.gradient_clipping = clip
+        t0 = time.perf_counter()
+        where = vc.out / f"critic_n{size}_lam{lam:g}_lr{lr:g}_clip{clip:g}"
+        res = fit_critic(c, fit[:size], held, vc.epochs, lr, where, lam=lam)
+        rows.append({"size": size, "lam": lam, "lr": lr, "clip": clip, "wall_s": time.perf_counter() - t0, **res})
+        echo(
+            f"{size} rollouts, lambda {lam:g}, lr {lr:g} clip {clip:g}: held-out EV "
+            f"{res['held_out_ev_before']:.3f} -> {res['held_out_ev_after']:.3f}, "
+            f"grad norm {res['curve'][-1]['grad_norm']:.2f}"
+        )
     doc = {
         "config": vc.config, "rollouts": vc.rollouts, "fit": len(fit), "held_out": len(held), "epochs": vc.epochs,
         "held_out_tasks": len({t.task_id for t in held}), "load_avg_start": load0, "load_avg_end": os.getloadavg()[0],
@@ -86,13 +89,14 @@ def table(doc: dict[str, Any]) -> str:
     lines = [
         f"value fit on {doc['fit']} rollouts, {doc['held_out']} held out (load {doc['load_avg_start']:.1f} -> "
         f"{doc['load_avg_end']:.1f})",
-        "| fit rollouts | critic lr | grad clip | held-out EV before | held-out EV after | grad norm (last epoch) "
-        "| wall s |",
-        "|---|---|---|---|---|---|---|",
+        "| fit rollouts | target lambda | critic lr | grad clip | held-out EV before | held-out EV after "
+        "| grad norm (last epoch) | wall s |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in doc["rows"]:
         lines.append(
-            f"| {r.get('size', doc['fit'])} | {r['lr']:g} | {r['clip']:g} | {r['held_out_ev_before']:.3f} | "
+            f"| {r.get('size', doc['fit'])} | {r.get('lam', 1.0):g} | {r['lr']:g} | {r['clip']:g} | "
+            f"{r['held_out_ev_before']:.3f} | "
             f"{r['held_out_ev_after']:.3f} | "
             f"{r['curve'][-1]['grad_norm']:.2f} | {r['wall_s']:.0f} |"
         )
@@ -107,7 +111,8 @@ def plot(doc: dict[str, Any], out: Path) -> None:
 
     fig, ax = plt.subplots(1, 2, figsize=(9, 3.4))
     for r in doc["rows"]:
-        label = f"{r.get('size', doc['fit'])} rollouts, lr {r['lr']:g}, clip {r['clip']:g}"
+        size, lam = r.get("size", doc["fit"]), r.get("lam", 1.0)
+        label = f"{size} rollouts, lambda {lam:g}, lr {r['lr']:g}, clip {r['clip']:g}"
         epochs = [0] + [c["epoch"] for c in r["curve"]]
         ax[0].plot(epochs, [r["held_out_ev_before"]] + [c["held_out_ev"] for c in r["curve"]], marker=".", label=label)
         ax[1].plot([c["epoch"] for c in r["curve"]], [c["grad_norm"] for c in r["curve"]], marker=".", label=label)

@@ -90,15 +90,17 @@ def value_fit(
     epochs: int = typer.Option(4, help="passes over the fit rollouts"),
     holdout: float = typer.Option(0.25, help="share of tasks held out"),
     sizes: str = typer.Option("", help="comma-separated fit-set sizes in trajectories (default: the whole fit side)"),
+    lams: str = typer.Option("1", help="comma-separated target lambdas (1: Monte-Carlo returns; < 1: TD(lambda))"),
 ) -> None:
-    """Value pretraining side by side: the critic's gradient clip / lr / fit-set size vs held-out explained variance."""
+    """Value pretraining side by side: the critic's gradient clip / lr / target lambda / fit-set size vs held-out
+    explained variance."""
     from sao.benchmarks.bench_value_fit import ValueFitConfig, run
 
     run(
         ValueFitConfig(
             config=config, rollouts=rollouts, out=Path(out), clips=tuple(float(x) for x in _csv(clips)),
             lrs=tuple(float(x) for x in _csv(lrs)), epochs=epochs, holdout=holdout,
-            sizes=tuple(int(x) for x in _csv(sizes)),
+            sizes=tuple(int(x) for x in _csv(sizes)), lams=tuple(float(x) for x in _csv(lams)),
         ),
         echo=typer.echo,
     )  # fmt: skip

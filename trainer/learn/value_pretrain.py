@@ -100,18 +100,22 @@ def _estimator(cfg: Config) -> AdvantageFn:
 
 
 @torch.no_grad()
-def _returns(critic: Any, full: Batch, micro: list[Batch], cfg: Config) -> list[torch.Tensor]:
-    """The value targets of ``micro`` (the shards of ``full``): RL's critic targets at lambda = 1 (``value_targets``
-    on zero values). Only a batch with a row that bootstraps costs a forward of ``critic`` (for the value after
-    that row's last token); the choice is made on ``full``, which every rank holds, so ZeRO-3's collective forwards
-    stay in step."""
+def _returns(critic: Any, full: Batch, micro: list[Batch], cfg: Config, lam: float = 1.0) -> list[torch.Tensor]:
+    """The value targets of ``micro`` (the shards of ``full``): RL's critic targets at ``lam`` (value pretraining's
+    own: lambda = 1, ``value_targets`` on zero values). At lambda = 1 only a batch with a row that bootstraps costs a
+    forward of ``critic`` (for the value after that row's last token); lambda < 1 reads the critic's own values
+    (TD(lambda) targets, as RL's at ``trainer.critic_lam`` < 1). The choice is made on ``full``, which every rank
+    holds, so ZeRO-3's collective forwards stay in step."""
     fn, bootstraps = _estimator(cfg), bool(full.bootstrap.any())
     out = []
     for b in micro:
-        after = torch.zeros(b.shape[0])
-        if bootstraps:
-            after = value_after(critic(b.input_ids, b.attention_mask, b.position_ids), b)
-        out.append(value_targets(fn, b, torch.zeros_like(b.rewards), after, cfg.trainer.gamma, 1.0))
+        after, values = torch.zeros(b.shape[0]), torch.zeros_like(b.rewards)
+        if bootstraps or lam < 1.0:
+            raw = critic(b.input_ids, b.attention_mask, b.position_ids)
+            after = value_after(raw, b)
+            if lam < 1.0:
+                values = shifted_values(raw).detach().float()
+        out.append(value_targets(fn, b, values, after, cfg.trainer.gamma, lam))
     return out
 
 
@@ -143,12 +147,15 @@ def _ev_text(ev: float) -> str:
 
 
 def fit_critic(
-    cfg: Config, fit: list[Trajectory], held: list[Trajectory], epochs: int, lr: float, out: Path
+    cfg: Config, fit: list[Trajectory], held: list[Trajectory], epochs: int, lr: float, out: Path, lam: float = 1.0
 ) -> dict[str, Any]:
     """Value pretraining proper: ``epochs`` passes over ``fit`` (batches of ``trainer.batch_size``, one critic
     optimizer step each, sharded and accumulated exactly as the learner does) and the critic written to ``out``
     (a dir ``critic.init`` accepts). Returns the fit's last loss / explained variance and the explained variance on
-    ``held`` before and after: the figure that says whether the critic is warm. Collective over the ranks."""
+    ``held`` before and after: the figure that says whether the critic is warm. Collective over the ranks.
+    ``lam``: the lambda of the fit's targets (1: Monte-Carlo returns, the stage's own; below 1: TD(lambda) targets
+    on the critic's own values, as RL's at ``trainer.critic_lam``); the held-out figure is always against the
+    Monte-Carlo returns, what a value should predict."""
     from sao.trainer.learn.models import load_actor, load_critic, load_tokenizer
 
     dist_utils.init_distributed()
@@ -172,7 +179,7 @@ def fit_critic(
             full = collate(batch, pad_id)
             micro = shard_batch(full, cfg.deepspeed)
             masks = [b.action_mask for b in micro]
-            rets = _returns(critic, full, micro, cfg)
+            rets = _returns(critic, full, micro, cfg, lam)
             n_total, scale = token_scale(masks, grad_accum)
             values: list[torch.Tensor] = []
             total, norm, _ = critic_step(critic, micro, masks, rets, None, None, scale, seen=values)

@@ -54,10 +54,14 @@ def test_value_fit_bench_pools_rollout_files_and_compares_fit_set_sizes(
                                    "critic": {"lr": 3e-3}, "trainer": {"batch_size": 6},
                                    "deepspeed": {"micro_batch_size": 6}}))  # fmt: skip
     pooled = f"{tmp_path / 'a.jsonl'},{tmp_path / 'b.jsonl'}"
-    doc = run(ValueFitConfig(str(cfg), pooled, tmp_path / "out", clips=(10.0,), epochs=1, sizes=(6, 12)), echo=print)
+    vc = ValueFitConfig(str(cfg), pooled, tmp_path / "out", clips=(10.0,), epochs=1, sizes=(6, 12), lams=(1.0, 0.5))
+    doc = run(vc, echo=print)
     assert doc["fit"] + doc["held_out"] == 24  # both files, pooled before the split
-    assert [(r["size"], r["fit_trajectories"]) for r in doc["rows"]] == [(6, 6), (12, 12)]
-    assert doc["rows"][0]["held_out_trajectories"] == doc["rows"][1]["held_out_trajectories"] == doc["held_out"]
-    assert doc["rows"][0]["held_out_ev_after"] != doc["rows"][1]["held_out_ev_after"]
+    rows = doc["rows"]
+    grid = [(r["size"], r["lam"], r["fit_trajectories"]) for r in rows]
+    assert grid == [(6, 1, 6), (6, 0.5, 6), (12, 1, 12), (12, 0.5, 12)]
+    assert all(r["held_out_trajectories"] == doc["held_out"] for r in rows)  # the same held-out tasks for every row
+    assert rows[0]["held_out_ev_after"] != rows[2]["held_out_ev_after"]  # more rollouts, another fit
+    assert rows[0]["held_out_ev_after"] != rows[1]["held_out_ev_after"]  # another lambda, another fit
     with pytest.raises(ConfigError, match="--sizes 99"):
         run(ValueFitConfig(str(cfg), pooled, tmp_path / "out2", clips=(10.0,), sizes=(99,)), echo=print)

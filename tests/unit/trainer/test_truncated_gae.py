@@ -169,6 +169,23 @@ def test_value_pretraining_and_rl_give_the_critic_the_same_targets() -> None:
     assert pretrain[0, LAST_ACTION].item() == pytest.approx(1.0) and pretrain[1, LAST_ACTION].item() == 0.0
 
 
+def test_a_value_fit_at_lambda_below_one_gives_the_targets_rl_gives_at_that_critic_lambda() -> None:
+    # `sao bench value-fit --lams`: TD(lambda) targets on the critic's own values, the same as RL's critic_lam.
+    cfg = load_config(CONFIGS / "toy.yaml", ["trainer.gamma=1.0", "trainer.lam=0.95", "trainer.critic_lam=0.5"])
+    trajs = [cut(1.0, True), cut(0.0, True), cut(0.5, False), Trajectory("t", "e", ENDS_ON_ACTION, 1.0, "ok")]
+    b = collate(trajs, 0)
+    critic = lambda ids, mask, pos: raw_critic(b)  # noqa: E731
+    (fit,) = value_pretrain._returns(critic, b, [b], cfg, lam=0.5)
+    (mc,) = value_pretrain._returns(critic, b, [b], cfg)
+    stub = SimpleNamespace(cfg=cfg, adv_fn=get_advantage(cfg.advantage_estimator))
+    raw = raw_critic(b)
+    _, rl = Learner._gae(stub, b, torch.where(b.response_mask, shifted_values(raw), 0.0), value_after(raw, b))  # type: ignore[arg-type]
+    m = b.action_mask
+    assert torch.allclose(fit[m], rl[m], atol=1e-6)
+    assert not torch.allclose(fit[m], mc[m])  # the critic's values entered the targets
+    assert fit[0, LAST_ACTION].item() == pytest.approx(1.0)  # the graded cut's last token: its grade, no bootstrap
+
+
 MASK = torch.tensor([[0, 1, 1, 0, 1, 1, 0]], dtype=torch.bool)
 VALUES = torch.tensor([[0.0, 0.2, 0.3, 9.0, 0.5, 0.7, 9.0]])
 REWARDS = torch.tensor([[0.0, 0.0, 0.1, 0.0, 0.0, 0.0, 0.0]])
