@@ -91,6 +91,9 @@ def value_fit(
     holdout: float = typer.Option(0.25, help="share of tasks held out"),
     sizes: str = typer.Option("", help="comma-separated fit-set sizes in trajectories (default: the whole fit side)"),
     lams: str = typer.Option("1", help="comma-separated target lambdas (1: Monte-Carlo returns; < 1: TD(lambda))"),
+    override: list[str] = typer.Option(
+        [], "--set", help="key=value on the config (repeatable), e.g. model.path=RUN/01_sft/final/actor"
+    ),
 ) -> None:
     """Value pretraining side by side: the critic's gradient clip / lr / target lambda / fit-set size vs held-out
     explained variance."""
@@ -101,6 +104,7 @@ def value_fit(
             config=config, rollouts=rollouts, out=Path(out), clips=tuple(float(x) for x in _csv(clips)),
             lrs=tuple(float(x) for x in _csv(lrs)), epochs=epochs, holdout=holdout,
             sizes=tuple(int(x) for x in _csv(sizes)), lams=tuple(float(x) for x in _csv(lams)),
+            overrides=tuple(override),
         ),
         echo=typer.echo,
     )  # fmt: skip
