@@ -244,12 +244,13 @@ async def test_a_failed_request_the_agent_retried_keeps_the_episodes_graded_outc
     assert [s.kind for s in row.segments] == ["prompt", "action", "observation", "action"]
 
 
-async def test_a_failed_request_before_an_env_step_limit_keeps_the_envs_grade(tok: Any, tmp_path: Path) -> None:
+async def test_a_failed_request_before_an_env_step_limit_keeps_the_envs_grade(
+    tok: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT", "2")
     engine = ScriptedEngine([act(tok, mini("Fix.", FIX)), act(tok, mini("Look.", "ls"))], fail_attempts=[1])
     player = make_player("mini_swe_agent", PlayerArgs(AgentConfig(4096, 128, max_turns=10), engine, tok))
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT", "2")
-        (row,) = await play(player, ShellEnv(tmp_path / "repo", max_steps=2))  # type: ignore[arg-type]
+    (row,) = await play(player, ShellEnv(tmp_path / "repo", max_steps=2))  # type: ignore[arg-type]
     assert row.status == "truncated" and row.info["truncation_reason"] == "step_limit" and row.reward == 1.0
     assert row.info["engine_errors"] == 1
 
