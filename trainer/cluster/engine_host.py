@@ -5,11 +5,27 @@ docs/register_engine.md asks of every engine."""
 
 from __future__ import annotations
 
+import atexit
+import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
 from sao.agent.engines.registry import ServeArgs, engine_spec
 from sao.trainer.config import Config, ConfigError, config_from_dict
+
+
+def _sweep_dead_work_dirs() -> None:
+    """Delete the work dirs of engine actors that died without ``stop`` (killed with SIGKILL): each holds its owner's
+    pid in ``owner.pid``."""
+    for d in Path(tempfile.gettempdir()).glob("sao-engine-*"):
+        try:
+            os.kill(int((d / "owner.pid").read_text()), 0)
+        except ProcessLookupError:
+            shutil.rmtree(d, ignore_errors=True)
+        except (OSError, ValueError):
+            continue  # another user's dir, or one being created
 
 
 def _local_model_dir(cfg: Config, into: Path) -> str:
@@ -34,16 +50,18 @@ class EngineHostImpl:
 
     def __init__(self) -> None:
         self.server: Any = None
+        self.work: Path | None = None
 
     def start(self, cfg_dict: dict[str, Any], advertise_host: str | None) -> str:
-        import tempfile
-
         import ray
 
         cfg = config_from_dict(cfg_dict)
         serve = engine_spec(cfg.rollout.engine).serve
         assert serve is not None, "config validation places engine actors only for engines that serve"
-        work = Path(tempfile.mkdtemp(prefix="sao-engine-"))
+        _sweep_dead_work_dirs()
+        work = self.work = Path(tempfile.mkdtemp(prefix="sao-engine-"))
+        (work / "owner.pid").write_text(str(os.getpid()))
+        atexit.register(self.stop)
         model_dir = _local_model_dir(cfg, work / "model")
         host = advertise_host or str(ray.util.get_node_ip_address())  # type: ignore[no-untyped-call]
         bind = "127.0.0.1" if host == "127.0.0.1" else "0.0.0.0"
@@ -61,3 +79,6 @@ class EngineHostImpl:
         if self.server is not None:
             self.server.stop()
             self.server = None
+        if self.work is not None:  # the model copy and the server's log: ~30 MB per start, in /tmp
+            shutil.rmtree(self.work, ignore_errors=True)
+            self.work = None
