@@ -77,6 +77,15 @@ def test_the_readme_stays_short() -> None:
     )
 
 
+def test_the_three_uses_start_in_the_first_80_lines() -> None:
+    lines = README.read_text(encoding="utf-8").splitlines()
+    for use in ("## Evaluate on SWE-bench", "## Register a tool environment", "## Launch training"):
+        at = next((n for n, line in enumerate(lines, 1) if line.startswith(use)), None)
+        assert at is not None and at <= 80, (
+            f"README: the section {use!r} starts at line {at}; the three uses belong in the first 80"
+        )
+
+
 def test_the_checker_sees_a_missing_option() -> None:
     assert command_path(shlex.split("sao eval swebench --nope")) == ("eval", "swebench")
     assert "--nope" not in _help(("eval", "swebench"))[1]
