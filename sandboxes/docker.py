@@ -914,17 +914,15 @@ class _DiskWatch:
         return False
 
 
+def _paused_refusal(e: BaseException) -> bool:
+    """The daemon refused a call because the disk watch froze the container for a moment (a 409 "is paused")."""
+    return isinstance(e, docker.errors.APIError) and e.status_code == 409 and "paused" in str(e).lower()
+
+
 def _while_frozen(call: Callable[[], T], wait_s: float = 30.0) -> T:
-    """``call()``, tried again while the daemon refuses it because the disk watch froze the container for a
-    moment (a 409 "is paused"); any other error, or one past ``wait_s``, is raised as it came."""
-    deadline = time.monotonic() + wait_s
-    while True:
-        try:
-            return call()
-        except docker.errors.APIError as e:
-            if e.status_code != 409 or "paused" not in str(e).lower() or time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
+    """``call()``, tried again every 50 ms while the daemon refuses it because the container is frozen; any other
+    error, or the refusal past ``wait_s``, is raised as it came."""
+    return poll_until(wait_s, 0.05, _paused_refusal, reraise=True)(call)
 
 
 def _remove_pending(client: Any, host: str) -> None:

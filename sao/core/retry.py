@@ -5,7 +5,8 @@
 for another by raising ``tenacity.TryAgain``; any other exception, cancellation included, ends the loop at once, and
 the last try failing raises ``tenacity.RetryError``, so the caller writes its own message from what it saw.
 ``poll_until`` is for waiting on a daemon to come back: the same call again every ``every_s`` seconds while the error
-is one ``retry_if`` accepts, until ``deadline_s`` has passed (then ``RetryError``, whose ``last_attempt`` holds it).
+is one ``retry_if`` accepts, until ``deadline_s`` has passed (then ``RetryError``, whose ``last_attempt`` holds it;
+with ``reraise=True`` the last error itself, for a caller whose callers expect the call's own exception).
 """
 
 from __future__ import annotations
@@ -27,10 +28,13 @@ def backoff(tries: int, base_s: float, max_wait_s: float = 30.0) -> tenacity.Asy
     )
 
 
-def poll_until(deadline_s: float, every_s: float, retry_if: Callable[[BaseException], bool]) -> tenacity.Retrying:
+def poll_until(
+    deadline_s: float, every_s: float, retry_if: Callable[[BaseException], bool], reraise: bool = False
+) -> tenacity.Retrying:
     """``poll_until(60, 1, is_gone)(fn, *args)``: ``fn(*args)`` again while it raises what ``retry_if`` accepts."""
     return tenacity.Retrying(
         stop=tenacity.stop_after_delay(deadline_s),
         wait=tenacity.wait_fixed(every_s),
         retry=tenacity.retry_if_exception(retry_if),
+        reraise=reraise,
     )

@@ -70,3 +70,7 @@ def test_poll_until_retries_what_it_accepts_until_the_deadline() -> None:
     with pytest.raises(ConnectionError):  # not accepted: raised as it is, no second try
         poll_until(5, 0.05, lambda e: False)(gone)
     assert len(calls) == 1
+    calls.clear()
+    with pytest.raises(ConnectionError):  # reraise: past the deadline the call's own error, not RetryError
+        poll_until(0.2, 0.05, lambda e: isinstance(e, ConnectionError), reraise=True)(gone)
+    assert len(calls) >= 3
