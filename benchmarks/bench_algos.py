@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from sao.core.jsonl import write_text_durably
 from sao.trainer.algos.advantages import skip_observation_gae
 from sao.trainer.algos.reference import skip_observation_gae_loop, skip_observation_gae_tensor_loop
 
@@ -289,7 +290,7 @@ def run(cfg: BenchConfig, echo: Callable[[str], None] = print) -> dict[str, Any]
         if cfg.png:
             _plot(points, cfg.out / "bench_algos.png")
     path = cfg.out / "bench_algos.json"
-    path.write_text(json.dumps(result, indent=2))
+    write_text_durably(path, json.dumps(result, indent=2))
     echo(f"wrote {path}")
     return result
 

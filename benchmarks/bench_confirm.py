@@ -23,10 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from sao.benchmarks.rl_bench_common import SPEC_HINT, print_table, write_json
 from sao.core.config import apply_overrides, load_yaml, merge
+from sao.core.jsonl import write_yaml_atomic
 
 SHARED_STAGES = ["collect", "sft", "eval"]
 ARM_STAGES = ["train", "eval"]
@@ -129,7 +128,7 @@ def _staged_child(cfg: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     else:
         run_dir.parent.mkdir(parents=True, exist_ok=True)
         path = run_dir.with_name(run_dir.name + ".yaml")
-        path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+        write_yaml_atomic(path, cfg)
         train(str(path), [])
     out: dict[str, Any] = json.loads((run_dir / "summary.json").read_text())
     return out

@@ -29,6 +29,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sao.core.jsonl import write_text_durably
+
 VARIANTS = ("naive", "chunked", "backbone")
 
 
@@ -249,7 +251,7 @@ def run(cfg: MemoryBenchConfig, echo: Callable[[str], None] = print, png: bool =
             f"{result['head_grad_norm_rel_diff']:.2e}"
         )
     path = cfg.out / "memory.json"
-    path.write_text(json.dumps(result, indent=2))
+    write_text_durably(path, json.dumps(result, indent=2))
     if png and rows:
         _plot(list(rows.values()), cfg, cfg.out / "memory.png")
     echo(f"wrote {path}")

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from sao.benchmarks.rl_bench_common import print_table, write_json
+from sao.core.jsonl import write_text_durably
 
 VARIANTS = ("rows", "tokens")
 
@@ -268,9 +269,7 @@ def run(cfg: MicrobatchBenchConfig, echo: Callable[[str], None] = print, png: bo
     _check(cfg)
     cfg.out.mkdir(parents=True, exist_ok=True)
     trajs = load_batch(cfg)
-    with (cfg.out / "batch.jsonl").open("w") as f:
-        for t in trajs:
-            f.write(json.dumps(t.to_dict()) + "\n")
+    write_text_durably(cfg.out / "batch.jsonl", "".join(json.dumps(t.to_dict()) + "\n" for t in trajs))
     lengths = sorted(t.num_tokens for t in trajs)
     obs = sum(len(s.token_ids) for t in trajs for s in t.segments if s.kind == "observation")
     batch = {

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from sao.agent.engines.openai_chat import ChatReply
+from sao.core.jsonl import write_text_durably
 from sao.sandboxes.config import PoolConfig, SandboxConfig
 from sao.sandboxes.docker import OWNER_PID_LABEL, DockerSandbox, get_client, run_blocking
 from sao.sandboxes.images import require_base_image
@@ -313,5 +314,5 @@ def main(
     Console().print(table)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(results, indent=2) + "\n")
+        write_text_durably(out, json.dumps(results, indent=2) + "\n")
     return results

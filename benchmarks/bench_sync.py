@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sao.core.jsonl import write_text_durably
+
 
 @dataclass
 class SyncBenchConfig:
@@ -119,7 +121,7 @@ async def _run(cfg: SyncBenchConfig, echo: Callable[[str], None]) -> dict[str, A
 def run(cfg: SyncBenchConfig, echo: Callable[[str], None] = print) -> dict[str, Any]:
     res = asyncio.run(_run(cfg, echo))
     cfg.out.mkdir(parents=True, exist_ok=True)
-    (cfg.out / "sync.json").write_text(json.dumps(res, indent=2))
+    write_text_durably(cfg.out / "sync.json", json.dumps(res, indent=2))
     echo("\nmedian over rounds:")
     for name, m in res["median"].items():
         extra = f" (reload alone {m['reload_s']:.2f} s)" if "reload_s" in m else ""

@@ -46,6 +46,7 @@ from sao.benchmarks.rl_bench_common import (
     write_json,
 )
 from sao.core.config import load_yaml, merge
+from sao.core.jsonl import write_text_durably
 from sao.trainer.algos.registry import get_algorithm
 
 DEFAULT_CONFIG = Path("configs/bench/throughput.yaml")
@@ -343,7 +344,7 @@ def _run_variant(
         "sandboxes_measured": child["sandboxes_measured"],
         "config": cfg,
     }
-    (bc.out / "runs" / f"{name}.cpu.json").write_text(json.dumps(child["samples"]))
+    write_text_durably(bc.out / "runs" / f"{name}.cpu.json", json.dumps(child["samples"]))
     return result
 
 

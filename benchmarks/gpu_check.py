@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from sao.benchmarks.gpu_check_flops import FlopShape, step_flops
+from sao.core.jsonl import write_text_durably
 
 QWEN_VOCAB = 151936  # Qwen2/3's vocabulary: what makes full-vocabulary logprobs big
 GPU_MODELS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -386,7 +387,7 @@ def run(check: CheckConfig, echo: Callable[[str], None] = print) -> dict[str, An
     path = check.out / "bench.json"
 
     def save() -> None:
-        path.write_text(json.dumps(res, indent=2))
+        write_text_durably(path, json.dumps(res, indent=2))
 
     res["matmul"] = matmul_tflops(device, check.cpu)
     echo(f"bf16 matmul {res['matmul']['n']}^3: {res['matmul']['tflops']:.3g} TFLOP/s")

@@ -14,6 +14,8 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
+from sao.core.jsonl import write_text_durably
+
 TIMEOUT_RCS = (124, 137)  # `timeout` reports a part it stopped (SIGTERM, then SIGKILL) with these
 
 
@@ -160,9 +162,9 @@ def main(argv: list[str] | None = None) -> int:
     good = ok(parts, bench, cases)
     tails = {n: log_tail(a.out / f"{n}.log") for n, p in parts.items() if p["rc"] not in (0, None)}
     text = render(parts, bench, cases, tails)
-    (a.out / "gpu_check.md").write_text(text)
+    write_text_durably(a.out / "gpu_check.md", text)
     summary = {"ok": good, "parts": parts, "tests": cases, "bench": bench}
-    (a.out / "gpu_check.json").write_text(json.dumps(summary, indent=2))
+    write_text_durably(a.out / "gpu_check.json", json.dumps(summary, indent=2))
     print(text)
     print(f"gpu check: {'OK' if good else 'NOT OK'} (table and logs in {a.out})")
     return 0 if good else 1

@@ -17,10 +17,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from sao.core.config import merge
-from sao.core.jsonl import write_json_atomic
+from sao.core.jsonl import write_json_atomic, write_text_durably, write_yaml_atomic
 
 CHATML_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
@@ -129,7 +127,7 @@ def train_run(cfg: dict[str, Any], run_dir: Path) -> tuple[list[dict[str, Any]],
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     cfg = merge(cfg, {"run": {"dir": str(run_dir)}})
     cfg_path = run_dir.with_name(run_dir.name + ".yaml")
-    cfg_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    write_yaml_atomic(cfg_path, cfg)
     t0 = time.perf_counter()
     train(str(cfg_path), [])
     return read_metrics(run_dir), time.perf_counter() - t0
@@ -234,7 +232,7 @@ def write_demonstrations(
         finally:
             env.close()
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join(lines) + "\n")
+    write_text_durably(path, "\n".join(lines) + "\n")
     return len(lines)
 
 

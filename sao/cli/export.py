@@ -23,9 +23,9 @@ def _model_of(run: Path) -> str | None:
     """The model a run played with, as its own files name it (config.yaml's model.path, else summary/report)."""
     cfg = run / "config.yaml"
     if cfg.is_file():
-        import yaml
+        from sao.core.config import load_yaml
 
-        path = ((yaml.safe_load(cfg.read_text()) or {}).get("model") or {}).get("path")
+        path = (load_yaml(cfg).get("model") or {}).get("path")
         if path:
             return str(path)
     for name in ("summary.json", "report.json"):

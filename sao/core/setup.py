@@ -27,6 +27,7 @@ from sao.core.base_image import (
     base_image_recipe_hash,
     base_image_tag,
 )
+from sao.core.jsonl import write_text_durably
 from sao.core.paths import cache_dir, smollm2_dir, torch_extensions_dir
 
 
@@ -93,7 +94,7 @@ def ensure_docker(timeout: float = 60.0) -> None:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-    pid_path.write_text(str(proc.pid))
+    write_text_durably(pid_path, str(proc.pid))
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if docker_answers():
@@ -244,7 +245,7 @@ def ensure_ds_ops() -> None:
         except Exception as e:
             _log(f"DeepSpeed op {name} did not build ({e}); DeepSpeed falls back where it can")
     stamp.parent.mkdir(parents=True, exist_ok=True)
-    stamp.write_text("ok\n")
+    write_text_durably(stamp, "ok\n")
 
 
 def ensure_bwrap() -> None:

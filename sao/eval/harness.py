@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from sao.core.console import ProgressLine
-from sao.core.jsonl import iter_jsonl
+from sao.core.jsonl import iter_jsonl, write_text_durably
 from sao.core.tether import popen_tethered, stop_group
 from sao.eval.common import EvalError
 
@@ -90,9 +90,9 @@ def grade_with_harness(
     workdir.mkdir(parents=True, exist_ok=True)
     by_id = {r["instance_id"]: r for r in records}
     dataset_file = workdir / "dataset.jsonl"
-    dataset_file.write_text("".join(json.dumps(by_id[p["instance_id"]]) + "\n" for p in preds))
+    write_text_durably(dataset_file, "".join(json.dumps(by_id[p["instance_id"]]) + "\n" for p in preds))
     preds_file = workdir / "predictions.jsonl"
-    preds_file.write_text("".join(json.dumps(p) + "\n" for p in preds))
+    write_text_durably(preds_file, "".join(json.dumps(p) + "\n" for p in preds))
     run_id = _run_id(preds)
     cmd = [
         sys.executable, "-m", "swebench.harness.run_evaluation", "-d", str(dataset_file), "-p", str(preds_file),

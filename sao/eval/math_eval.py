@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from sao.agent.records import Trajectory
+from sao.core.jsonl import atomic_path
 from sao.envs.base import MultiTurnEnv, Turn
 from sao.eval.common import (
     EvalError,
@@ -191,7 +192,7 @@ def summarize(
 
 def write_problems_csv(path: Path, problems: list[dict[str, Any]]) -> None:
     cols = [c for c in problems[0] if c != "predictions"] + ["predictions"] if problems else []
-    with open(path, "w", newline="", encoding="utf-8") as f:
+    with atomic_path(path) as tmp, open(tmp, "w", newline="", encoding="utf-8") as f:
         w = csv.DictWriter(f, fieldnames=cols)
         w.writeheader()
         for p in problems:

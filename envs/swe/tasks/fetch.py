@@ -10,6 +10,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+from sao.core.jsonl import write_text_durably
 from sao.core.paths import cache_dir
 
 # Extra test requirements of packages whose suites need more than pytest (the builder cannot read them reliably
@@ -122,5 +123,5 @@ def fetch_wheels(spec: SdistSpec, sdist: Path, extra_test_deps: list[str] | None
         target += ["--platform", plat]
     _pip([*target, "-d", str(dest), *reqs], f"the test/build wheels of {spec} ({', '.join(reqs)})")
     _pip([*target, "-d", str(dest), str(spec)], f"the runtime dependencies of {spec}")
-    stamp.write_text("\n".join(reqs) + "\n")
+    write_text_durably(stamp, "\n".join(reqs) + "\n")
     return dest
