@@ -15,15 +15,9 @@ from tests._readme import readme_command
 
 pytestmark = [pytest.mark.deepspeed, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[3]
-SMOKE_STEPS = 45  # the shipped config's 80 less the steps after the criterion is met (at 29-34 when measured)
 
 
-@pytest.mark.parametrize(
-    "steps",
-    [pytest.param(SMOKE_STEPS, id="smoke"), pytest.param(None, id="as_shipped", marks=pytest.mark.full)],
-)
 def test_toy_sao_run_reaches_high_success(
-    steps: int | None,
     tmp_path: Path,
     deepspeed_env: dict[str, str],
     smollm2_dir: Path,
@@ -32,16 +26,17 @@ def test_toy_sao_run_reaches_high_success(
     """`sao train configs/toy.yaml` as the README has it (seed 0, steps of 16 episodes, algorithm sao): within the
     budget the success rate, averaged over 3 consecutive steps, reaches >= 0.9, from a start near random play (1/4).
     Measured: reached at steps 29-34 in four runs (seeds 0-2); one seed-2 run later fell back (reported in the
-    trainer issue), which is why the check is "reaches within the budget" as the issue states it. The smoke size
-    stops at ``SMOKE_STEPS`` (a smaller budget, the same claim); ``full`` runs the shipped 80 steps."""
+    trainer issue), which is why the check is "reaches within the budget" as the issue states it. The budget is the
+    shipped 80 steps (~1 s each): a 45-step smoke failed in a CI rehearsal at load 5-10 (best 0.62: the copy found
+    by step ~19 and lost at 22; resumed from its step-40 checkpoint to 80 it reached 0.9 at step 50), since the
+    episodes' policy lag, and so the run, follows the machine's timing."""
     from sao.cli.main import app
 
     argv = shlex.split(readme_command("configs/toy.yaml"))  # `sao train configs/toy.yaml`
     assert argv[:2] == ["sao", "train"], argv
     run = tmp_path / "toy"
-    budget = [] if steps is None else [f"run.total_steps={steps}"]
     monkeypatch.chdir(ROOT)  # the README's paths are relative to the repository root
-    res = CliRunner().invoke(app, [*argv[1:], f"run.dir={run}", "run.progress=false", *budget])
+    res = CliRunner().invoke(app, [*argv[1:], f"run.dir={run}", "run.progress=false"])
     assert res.exit_code == 0, res.output + repr(res.exception)
     saved = yaml.safe_load((run / "config.yaml").read_text())
     assert saved["trainer"]["algorithm"] == "sao" and saved["critic"]["init"] == "actor"
