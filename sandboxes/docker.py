@@ -72,6 +72,7 @@ import docker.errors
 import requests
 
 from sao.core.retry import RetryError, poll_until
+from sao.core.tether import pid_alive
 from sao.sandboxes.base_image import base_image_tag, missing_image
 from sao.sandboxes.config import SandboxConfig
 from sao.sandboxes.output import OutputCapper
@@ -951,16 +952,6 @@ def remove_containers(filters: dict[str, Any], docker_host: str | None = None) -
     return removed
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def reap_orphans(docker_host: str | None = None) -> list[str]:
     """Remove sandbox containers made on this host by processes that no longer exist (after a crash).
     Containers of live processes and of other hosts sharing the daemon are left alone. Blocking."""
@@ -975,7 +966,7 @@ def reap_orphans(docker_host: str | None = None) -> list[str]:
             pid = int(labels.get(OWNER_PID_LABEL, ""))
         except ValueError:
             continue
-        if not _pid_alive(pid):
+        if not pid_alive(pid):
             try:
                 client.api.remove_container(c["Id"], force=True, v=True)
             except docker.errors.NotFound:

@@ -28,6 +28,17 @@ import time
 from typing import Any
 
 
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists (one we may not signal counts as alive)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def _group_alive(group: int) -> bool:
     try:
         os.killpg(group, 0)
@@ -53,13 +64,7 @@ def _watch(parent: int, group: int, grace_s: float) -> None:
         if fd is not None:
             return bool(select.select([fd], [], [], wait)[0])
         time.sleep(wait)
-        try:
-            os.kill(parent, 0)
-        except ProcessLookupError:
-            return True
-        except PermissionError:
-            pass
-        return False
+        return not pid_alive(parent)
 
     while _group_alive(group):
         if parent_gone(1.0):

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from sao.agent.engines.registry import ServeArgs, engine_spec
+from sao.core.tether import pid_alive
 from sao.trainer.config import Config, ConfigError, config_from_dict
 
 
@@ -21,11 +22,11 @@ def _sweep_dead_work_dirs() -> None:
     pid in ``owner.pid``."""
     for d in Path(tempfile.gettempdir()).glob("sao-engine-*"):
         try:
-            os.kill(int((d / "owner.pid").read_text()), 0)
-        except ProcessLookupError:
-            shutil.rmtree(d, ignore_errors=True)
+            owner = int((d / "owner.pid").read_text())
         except (OSError, ValueError):
             continue  # another user's dir, or one being created
+        if not pid_alive(owner):
+            shutil.rmtree(d, ignore_errors=True)
 
 
 def _local_model_dir(cfg: Config, into: Path) -> str:
