@@ -19,6 +19,9 @@ the held-out split of a source that has one.
 
 ``arithmetic_tasks(n, seed)`` generates easy arithmetic problems meant to be solved with the python tool (the
 quickstart's training data): exact integer answers a small model can check by running one line of code.
+``arithmetic_chain_tasks(n, seed, levels)`` (spec ``arithmetic_chain``, or ``arithmetic_chain:1,1,2,3,4`` for a level
+mix) generates problems of visible, graded difficulty: level L is a chain of L steps, each run with one tool call on
+the number the previous call printed, so a level-L episode needs L calls and L + 1 turns.
 """
 
 from __future__ import annotations
@@ -37,6 +40,10 @@ BENCHMARKS: dict[str, str] = {
     "imo_answerbench": "imo_answerbench_v2.csv",
 }
 ARITHMETIC = "arithmetic"
+ARITHMETIC_CHAIN = "arithmetic_chain"
+CHAIN_LEVELS = (1, 2, 3, 4)
+CHAIN_ANS = "ANS"
+"""The name a chain step gives the number the previous tool call printed."""
 SWE_OFFLINE = "swe-offline:"
 HUB_PROBE_TIMEOUT_S = 3.0
 PROBLEM_KEYS = ("problem", "prompt", "question", "Problem", "Question", "input")
@@ -195,6 +202,9 @@ def load_tasks(
     """
     if spec == ARITHMETIC:
         return arithmetic_tasks(num_generated if limit is None else min(limit, num_generated), seed=seed)
+    levels = chain_levels(spec)
+    if levels is not None:
+        return arithmetic_chain_tasks(num_generated if limit is None else min(limit, num_generated), seed, levels)
     if spec.startswith(SWE_OFFLINE):
         from sao.envs.swe.tasks.offline import task_set
 
@@ -211,6 +221,12 @@ def load_tasks(
     if not out:
         raise ValueError(f"{spec}: no task records (split {split!r})")
     return out
+
+
+def generated_eval_spec(spec: str | None) -> str:
+    """The generator held-out tasks are drawn from for training source ``spec``: ``arithmetic_chain`` (every level
+    in turn, so a held-out set is stratified by level) for any chain mix, else ``arithmetic``."""
+    return ARITHMETIC_CHAIN if spec is not None and chain_levels(spec) is not None else ARITHMETIC
 
 
 def held_out_spec(spec: str | None) -> str | None:
@@ -239,4 +255,61 @@ def arithmetic_tasks(n: int, seed: int = 0) -> list[dict[str, str]]:
             expr, value = f"{a * c} // {c} + {b}", a + b
         problem = f"Compute {expr}. Use the python tool to check, then give the result as \\boxed{{N}}."
         tasks.append({"id": f"arith-{seed}-{i}", "problem": problem, "answer": str(value)})
+    return tasks
+
+
+def chain_levels(spec: str) -> tuple[int, ...] | None:
+    """The level mix of an ``arithmetic_chain`` spec (``arithmetic_chain``: levels 1-4; ``arithmetic_chain:1,2,2``:
+    those levels, cycled task by task), None for any other spec."""
+    name, sep, mix = spec.partition(":")
+    if name != ARITHMETIC_CHAIN:
+        return None
+    if not sep:
+        return CHAIN_LEVELS
+    try:
+        levels = tuple(int(x) for x in mix.split(","))
+    except ValueError:
+        levels = ()
+    if not levels or not all(min(CHAIN_LEVELS) <= lv <= max(CHAIN_LEVELS) for lv in levels):
+        raise ValueError(
+            f"{spec!r}: a chain level mix is comma-separated levels {min(CHAIN_LEVELS)}-{max(CHAIN_LEVELS)}, "
+            f"e.g. '{ARITHMETIC_CHAIN}:1,2,3,4'"
+        )
+    return levels
+
+
+def _chain_step(rng: random.Random, value: int) -> tuple[str, int]:
+    """One step after the first: ``(text, new value)``; the value stays a positive integer of at most ~7 digits."""
+    ops = (
+        ["+"] + (["-"] if value > 1100 else []) + (["*"] if value < 200_000 else []) + (["//"] if value > 1000 else [])
+    )
+    op = rng.choice(ops)
+    operand = rng.randint(101, 999) if op in "+-" else rng.randint(2, 9)
+    new = {"+": value + operand, "-": value - operand, "*": value * operand, "//": value // operand}[op]
+    return f"{CHAIN_ANS} {op} {operand}", new
+
+
+def arithmetic_chain_tasks(n: int, seed: int = 0, levels: tuple[int, ...] = CHAIN_LEVELS) -> list[dict[str, Any]]:
+    """``n`` chain problems (see the module doc), task ``i`` of level ``levels[i % len(levels)]``, reproducible
+    from ``seed``. Step 1 is a product of a 3-digit and a 2-digit number; each later step applies ``+``, ``-``
+    (3-digit operands), ``*`` or ``//`` (one digit) to ``ANS``. Records carry their ``level``."""
+    if n < 1:
+        raise ValueError(f"arithmetic_chain_tasks: n must be >= 1, got {n}")
+    rng = random.Random(seed)
+    tasks: list[dict[str, Any]] = []
+    for i in range(n):
+        level = levels[i % len(levels)]
+        a, b = rng.randint(101, 999), rng.randint(12, 99)
+        steps, value = [f"{a} * {b}"], a * b
+        for _ in range(level - 1):
+            text, value = _chain_step(rng, value)
+            steps.append(text)
+        plural = "s" if level > 1 else ""
+        problem = (
+            f"Level {level} of {max(CHAIN_LEVELS)}: {level} step{plural}. Run each step with the python tool, one call "
+            f"per step; {CHAIN_ANS} is the number the previous call printed.\n"
+            + "".join(f"Step {k}: {text}\n" for k, text in enumerate(steps, 1))
+            + "Give the last number printed as \\boxed{N}."
+        )
+        tasks.append({"id": f"chain-{seed}-{i}", "problem": problem, "answer": str(value), "level": level})
     return tasks

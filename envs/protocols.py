@@ -29,6 +29,7 @@ class ResetInfo(TypedDict, total=False):
     system_prompt: str
     tools: list[dict[str, Any]]  #: OpenAI-style function schemas
     task_id: str
+    level: int  #: the task's difficulty level, for tasks that have one (``arithmetic_chain``)
 
 
 class StepInfo(TypedDict, total=False):

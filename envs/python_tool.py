@@ -9,9 +9,10 @@ Reward 1.0 if correct, else 0.0; ``info["report"]`` holds gold, extracted predic
 timeout of math-verify is an infra error (``GraderError``), never a 0.
 
 Tasks: ``reset(options={"task": {"problem": ..., "answer": ...}})`` (``prompt`` is accepted for ``problem``;
-``id`` is optional), or drawn by the seeded generator from ``dataset``: ``"arithmetic"`` (generated easy
-problems, the default), a benchmark name (``aime24``, ``aime25``, ``imo_answerbench``), a local file or an HF
-dataset (see ``sao.envs.datasets``), or a list of task records.
+``id`` and ``level`` are optional; a task's ``level`` goes to the episode's info), or drawn by the seeded generator
+from ``dataset``: ``"arithmetic"`` (generated easy problems, the default), ``"arithmetic_chain"`` (levels 1-4), a
+benchmark name (``aime24``, ``aime25``, ``imo_answerbench``), a local file or an HF dataset (see
+``sao.envs.datasets``), or a list of task records.
 
 Sandbox: ``sandbox`` is a ``sao.sandboxes.config.SandboxConfig`` or a dict of its fields (default: bwrap, no
 network, 1 GiB of memory and 1 GiB of disk, code run as the unprivileged uid 1000); ``sandbox_factory`` (a
@@ -130,12 +131,14 @@ class PythonToolEnv(ToolEnv):
     def tasks(self) -> list[dict[str, Any]]:
         """The dataset's task records (loaded on first use)."""
         if self._tasks is None:
-            from sao.envs.datasets import arithmetic_tasks, load_math_tasks
+            from sao.envs.datasets import arithmetic_tasks, chain_levels, load_math_tasks, load_tasks
 
             if isinstance(self.dataset, list):
                 self._tasks = list(self.dataset)
             elif self.dataset == "arithmetic":
                 self._tasks = arithmetic_tasks(self.n_generated, seed=0)
+            elif chain_levels(self.dataset) is not None:
+                self._tasks = load_tasks(self.dataset, num_generated=self.n_generated)
             else:
                 self._tasks = load_math_tasks(self.dataset)
             if not self._tasks:
@@ -158,7 +161,10 @@ class PythonToolEnv(ToolEnv):
                     f"PythonToolEnv task is missing field {name!r} (a task needs 'problem' (or 'prompt') and "
                     f"'answer'); got keys {sorted(task)}"
                 )
-        return {"id": str(task.get("id", "")), "problem": str(problem), "answer": str(task["answer"]).strip()}
+        parsed = {"id": str(task.get("id", "")), "problem": str(problem), "answer": str(task["answer"]).strip()}
+        if task.get("level") is not None:  # a graded-difficulty task (arithmetic_chain): kept in the episode's info
+            parsed["level"] = str(task["level"])
+        return parsed
 
     # ---- ToolEnv hooks ------------------------------------------------------------------------------------
     async def setup(self, task: dict[str, str]) -> None:
@@ -191,7 +197,10 @@ class PythonToolEnv(ToolEnv):
         return task["problem"]
 
     def task_info(self, task: dict[str, str]) -> dict[str, Any]:
-        return {"task_id": task["id"]} if task["id"] else {}
+        info: dict[str, Any] = {"task_id": task["id"]} if task["id"] else {}
+        if "level" in task:
+            info["level"] = int(task["level"])
+        return info
 
     async def on_text(self, text: str) -> dict[str, Any] | None:
         return {"answer": text} if last_boxed(text) is not None else None

@@ -9,8 +9,10 @@ decodes the prompt it is given and acts like a careful tool user:
 2. a tool result came back: answer with the last integer the tool printed, ``\\boxed{N}``
    (if the tool printed no integer, it calls the tool again).
 
-It solves the tasks whose problem reads ``Compute EXPR.`` (``sao.envs.datasets.arithmetic_tasks``); on any other
-problem it raises ``EngineError`` (the episode is an infra error, never a fake demonstration). Each token's
+It solves the tasks whose problem reads ``Compute EXPR.`` (``sao.envs.datasets.arithmetic_tasks``) and the chain
+tasks (``arithmetic_chain_tasks``: lines ``Step k: EXPR``), one call per step, each step's ``ANS`` replaced by the
+last integer the previous call printed (a call that printed none is run again), then ``\\boxed{}`` of the last one.
+On any other problem it raises ``EngineError`` (the episode is an infra error, never a fake demonstration). Each token's
 logprob is 0.0 (a deterministic policy); the action ends with the template's end-of-turn token.
 """
 
@@ -23,14 +25,47 @@ from typing import Any
 from sao.agent.chat import ChatRenderer
 from sao.agent.conversation import action_ids
 from sao.agent.engines.protocols import EngineError, Generation, SamplingParams
+from sao.envs.datasets import CHAIN_ANS
 
 _PROBLEM = re.compile(r"Compute ([0-9+\-*/() ]+?)\.\s")
 _CALL_END = "</tool_call>"
+_CALL_START = "<tool_call>"
 _INT = re.compile(r"-?\d+")
+_STEP = re.compile(r"^Step (\d+): ([^\n]+)$", re.M)
+
+
+def _call(expr: str) -> str:
+    return _CALL_START + json.dumps({"name": "python", "arguments": {"code": f"print({expr})"}}) + _CALL_END
+
+
+def _chain_action(prompt_text: str) -> str | None:
+    """The next action on a chain task (the last ``Step 1:`` in the prompt starts it), None when there is none."""
+    start = prompt_text.rfind("Step 1: ")
+    if start < 0:
+        return None
+    steps: list[str] = []
+    end = start
+    for m in _STEP.finditer(prompt_text, start):
+        if int(m.group(1)) != len(steps) + 1:
+            break
+        steps.append(m.group(2).strip())
+        end = m.end()
+    printed = []  # the last integer of each tool output since the task, skipping outputs with none
+    for chunk in prompt_text[end:].split(_CALL_END)[1:]:
+        numbers = _INT.findall(chunk.split(_CALL_START)[0])
+        if numbers:
+            printed.append(numbers[-1])
+    if len(printed) >= len(steps):
+        return f"\\boxed{{{printed[-1]}}}"
+    step = steps[len(printed)]
+    return _call(step.replace(CHAIN_ANS, printed[-1]) if printed else step)
 
 
 def solver_action(prompt_text: str) -> str:
     """The solver's next action text given the decoded prompt so far (see the module doc)."""
+    chain = _chain_action(prompt_text)
+    if chain is not None:
+        return chain
     problems = list(_PROBLEM.finditer(prompt_text))
     if not problems:
         raise EngineError("solver: no 'Compute <expression>.' task in the prompt; it only solves arithmetic tasks")
@@ -40,8 +75,7 @@ def solver_action(prompt_text: str) -> str:
         numbers = _INT.findall(prompt_text[cut + len(_CALL_END) :])
         if numbers:
             return f"\\boxed{{{numbers[-1]}}}"
-    code = json.dumps({"name": "python", "arguments": {"code": f"print({expr})"}})
-    return f"<tool_call>{code}</tool_call>"
+    return _call(expr)
 
 
 class SolverEngine:

@@ -31,29 +31,13 @@ def episode_scores(
     errors. The rows of one outside agent's episode (``info["session_id"]``) count as one episode: its outcome from
     its last row, its tokens and actions from all of them. With SWE-style ``tasks`` (a gold ``patch``) also the share of
     episodes whose graded patch (``info["report"]["model_patch"]``) changed a file the gold patch changes, and with
-    injected-bug tasks the resolved / episodes of each bug family (``solved_by_family``)."""
-    from sao.envs.protocols import FormatError
-    from sao.envs.python_tool import PythonToolEnv
-    from sao.envs.tools.parsing import parse_action
-
+    injected-bug tasks the resolved / episodes of each bug family (``solved_by_family``). With tasks of graded
+    difficulty (a ``level`` in the task record or the episode's info) also ``by_level`` (episodes, success, valid
+    tool-call rate per level) and ``level_by_task``."""
     rows_of = _rows_by_episode([t for t in trajs if t.status != "infra_error"])
     ok = [rows[-1] for rows in rows_of]
-    valid = 0
-    for t in ok:
-        if "harness" in t.info:  # an outside agent parses its own actions: it ran a command or it did not
-            valid += int(int(t.info.get("turns", 0)) > 0)
-            continue
-        names = {s["function"]["name"] for s in t.info.get("tools") or []}
-        for seg in t.action_segments:
-            try:
-                call = parse_action(
-                    tokenizer.decode(list(seg.token_ids), skip_special_tokens=True), PythonToolEnv.fenced
-                )
-            except FormatError:
-                continue
-            if call.name in names:
-                valid += 1
-                break
+    valid_flags = [_made_valid_call(t, tokenizer) for t in ok]
+    valid = sum(valid_flags)
     n = max(len(ok), 1)
     every = [t for rows in rows_of for t in rows]
     obs = sum(len(seg.token_ids) for t in every for seg in t.segments if seg.kind == "observation")
@@ -70,6 +54,10 @@ def episode_scores(
         "tokens_per_episode": sum(t.num_tokens for t in every) / n,
         "observation_share": obs / max(sum(t.num_tokens for t in every), 1),
     }
+    level = task_levels(tasks) | {t.task_id: int(t.info["level"]) for t in ok if t.info.get("level") is not None}
+    if level:
+        out["level_by_task"] = {t.task_id: level[t.task_id] for t in ok if t.task_id in level}
+        out["by_level"] = _by_level(ok, valid_flags, level)
     gold = {
         str(t.get("instance_id")): patched_files(str(t["patch"]))
         for t in tasks or []
@@ -92,6 +80,77 @@ def episode_scores(
                 solved_n[1] += 1
         out["solved_by_family"] = dict(sorted(by.items()))
     return out
+
+
+def _made_valid_call(t: Trajectory, tokenizer: Any) -> bool:
+    """Whether some action of the episode parses as a call of one of its env's tools (an outside agent parses its
+    own actions: whether it ran a command)."""
+    from sao.envs.protocols import FormatError
+    from sao.envs.python_tool import PythonToolEnv
+    from sao.envs.tools.parsing import parse_action
+
+    if "harness" in t.info:
+        return int(t.info.get("turns", 0)) > 0
+    names = {s["function"]["name"] for s in t.info.get("tools") or []}
+    for seg in t.action_segments:
+        try:
+            call = parse_action(tokenizer.decode(list(seg.token_ids), skip_special_tokens=True), PythonToolEnv.fenced)
+        except FormatError:
+            continue
+        if call.name in names:
+            return True
+    return False
+
+
+def task_levels(tasks: list[dict[str, Any]] | None) -> dict[str, int]:
+    """Task id -> difficulty level of the tasks that have one (``arithmetic_chain``)."""
+    return {str(t["id"]): int(t["level"]) for t in tasks or [] if isinstance(t, dict) and t.get("level") is not None}
+
+
+def _by_level(ok: list[Trajectory], valid: list[bool], level: dict[str, int]) -> dict[str, dict[str, float]]:
+    """Episodes, success and valid tool-call rate per difficulty level (keys are the levels as strings: JSON)."""
+    groups: dict[int, list[tuple[bool, bool]]] = {}
+    for t, v in zip(ok, valid, strict=True):
+        if t.task_id in level:
+            groups.setdefault(level[t.task_id], []).append((bool(t.info.get("solved")), v))
+    return {
+        str(lv): {
+            "episodes": len(g),
+            "success": sum(s for s, _ in g) / len(g),
+            "valid_tool_call_rate": sum(v for _, v in g) / len(g),
+        }
+        for lv, g in sorted(groups.items())
+    }
+
+
+def level_table(results: list[dict[str, Any]]) -> str:
+    """Success (± binomial SE) and valid tool-call rate per difficulty level, one row per eval; with two or more
+    evals, the paired difference last - first per level. Empty when no eval has levels."""
+    levels = sorted({int(lv) for r in results for lv in r.get("by_level") or {}})
+    if not levels:
+        return ""
+    head = "| model | " + " | ".join(f"level {lv}: success (valid calls)" for lv in levels) + " |"
+    lines = [head, "|---|" + "---|" * len(levels)]
+    for r in results:
+        cells = []
+        for lv in levels:
+            g = (r.get("by_level") or {}).get(str(lv))
+            if g is None:
+                cells.append("-")
+                continue
+            p, n = float(g["success"]), max(int(g["episodes"]), 1)
+            cells.append(f"{p:.3f} ± {(p * (1 - p) / n) ** 0.5:.3f} ({g['valid_tool_call_rate']:.2f}, n={n})")
+        lines.append(f"| {r['label']} | " + " | ".join(cells) + " |")
+    first, last = results[0], results[-1]
+    if len(results) >= 2 and "level_by_task" in first and "level_by_task" in last:
+        cells = []
+        for lv in levels:
+            ids = {k for k, v in last["level_by_task"].items() if v == lv}
+            before = {k: v for k, v in first["solved_by_task"].items() if k in ids}
+            mean, se, n = paired_difference(before, {k: v for k, v in last["solved_by_task"].items() if k in ids})
+            cells.append(f"{mean:+.3f} ± {se:.3f} (n={n})" if n else "-")
+        lines.append(f"| {last['label']} - {first['label']} (paired) | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def _rows_by_episode(trajs: list[Trajectory]) -> list[list[Trajectory]]:

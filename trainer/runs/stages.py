@@ -42,7 +42,7 @@ from sao.agent.records import Trajectory
 from sao.core.console import say
 from sao.core.jsonl import write_json_atomic, write_text_durably
 from sao.core.paths import resolve_model_path
-from sao.eval.scores import episode_scores, paired_difference, score_table
+from sao.eval.scores import episode_scores, level_table, paired_difference, score_table
 from sao.trainer import distributed as dist_utils
 from sao.trainer.config import Config, ConfigError, resumed_config, save_config
 from sao.trainer.rollout.env_tasks import load_env_tasks
@@ -63,11 +63,12 @@ def training_tasks(cfg: Config) -> list[dict[str, Any]]:
 
 def held_out_tasks(cfg: Config) -> list[dict[str, Any]]:
     """``eval.n`` tasks of the held-out split of ``env.tasks`` when it has one (``swe-offline:NAME``), else
-    arithmetic tasks drawn with ``eval.seed``, none of whose problems is a training task.
+    generated tasks drawn with ``eval.seed``, none of whose problems is a training task: ``arithmetic_chain`` with
+    every level in turn (stratified by level, whatever the training mix) for a chain source, else ``arithmetic``.
 
     The draw does not depend on ``run.seed``: every seed and every arm is scored on the same set, so seeds differ
     only by their training, not by which tasks happened to be held out."""
-    from sao.envs.datasets import arithmetic_tasks, held_out_spec, load_tasks
+    from sao.envs.datasets import generated_eval_spec, held_out_spec, load_tasks
 
     split = held_out_spec(cfg.env.tasks)
     if split is not None:
@@ -77,7 +78,7 @@ def held_out_tasks(cfg: Config) -> list[dict[str, Any]]:
         return held
 
     seen = {str(t.get("problem", t.get("prompt"))) for t in training_tasks(cfg)}
-    pool = arithmetic_tasks(cfg.eval.n * 2 + 16, seed=cfg.eval.seed)
+    pool = load_tasks(generated_eval_spec(cfg.env.tasks), num_generated=cfg.eval.n * 2 + 16, seed=cfg.eval.seed)
     out = [t for t in pool if t["problem"] not in seen][: cfg.eval.n]
     if len(out) < cfg.eval.n:
         raise ConfigError("eval: too few held-out tasks differ from the training tasks; change eval.seed")
@@ -417,6 +418,9 @@ def _report(
             f"\n\nsuccess {results[-1]['label']} - {results[0]['label']}: {mean:+.3f} ± {se:.3f} "
             f"(paired over {n} held-out tasks; {size})"
         )
+    by_level = level_table(results)
+    if by_level:
+        table += "\n\nby difficulty level (success ± SE, valid tool-call rate in brackets):\n\n" + by_level
     families = sorted({f for r in results for f in r.get("solved_by_family") or {}})
     if families:  # resolved / episodes per injected bug family, eval by eval
         table += "\n\nresolved by bug family: " + "; ".join(
