@@ -42,6 +42,10 @@ def train_cmd(
         config = None
     log: Path | None = None
     try:
+        if resume is not None and config is None:
+            from sao.trainer.runs.run_folder import require_run
+
+            require_run(resume)  # before the log folder is made: a wrong path must leave nothing behind
         log = _third_party_log(config, items, resume)
         fresh = log is not None and not log.parent.parent.exists()
         with contextlib.nullcontext() if verbose or log is None else third_party_to_log(log):

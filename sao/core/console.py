@@ -57,6 +57,10 @@ def eta_text(elapsed_s: float, done: int, total: int) -> str:
     return f"~{_fmt_s(elapsed_s / done * max(total - done, 0))} left"
 
 
+#: On a pipe, the longest a live progress line stays silent.
+HEARTBEAT_S = 30.0
+
+
 def _fmt_s(seconds: float) -> str:
     s = int(max(seconds, 0.0))
     h, rem = divmod(s, 3600)
@@ -98,13 +102,18 @@ class ProgressLine:
             global _live
             _live = self
             self._write(force=True)
-        if self.in_place:  # the clock keeps ticking between updates: a long first step does not look hung
+        if enabled:  # the clock keeps ticking between updates: a long first step does not look hung
             threading.Thread(target=self._tick, name="sao-progress", daemon=True).start()
 
     def _tick(self) -> None:
+        """On a terminal, redraw every second; on a pipe or file, write the line again when nothing was written for
+        ``HEARTBEAT_S`` (a phase whose units take minutes still shows its clock moving in the log)."""
         while not self._stop.wait(1.0):
             with contextlib.suppress(Exception):
-                self.redraw()
+                if self.in_place:
+                    self.redraw()
+                elif self.enabled and time.monotonic() - self._last_write >= max(self.every_s, HEARTBEAT_S):
+                    self._write(force=True)
 
     @property
     def stream(self) -> TextIO:

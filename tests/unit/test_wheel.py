@@ -39,3 +39,17 @@ def test_the_wheel_installs_only_the_sao_namespace(tmp_path: Path) -> None:
     out = subprocess.run([str(py), "-c", probe], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=60)
     assert out.returncode == 0, out.stderr
     assert Path(out.stdout.strip()).is_relative_to(site), out.stdout
+
+
+@pytest.mark.slow
+def test_a_clone_without_symlinks_refuses_to_build(tmp_path: Path) -> None:
+    """With ``core.symlinks=false`` git writes sao/agent etc. as text files; the build must fail loudly, not ship a
+    wheel that lacks five packages."""
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", "-c", "core.symlinks=false", str(ROOT), str(clone)], check=True, timeout=120)
+    assert (clone / "sao" / "agent").is_file(), "git made a symlink anyway; this test needs core.symlinks=false"
+    build = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), "."]
+    res = subprocess.run(build, cwd=clone, capture_output=True, text=True, timeout=300)
+    assert res.returncode != 0, "a checkout without the linked packages built a wheel"
+    assert "sao build refused" in res.stdout + res.stderr and "core.symlinks" in res.stdout + res.stderr
+    assert not list(tmp_path.glob("sao-*.whl"))

@@ -31,6 +31,20 @@ def refuse_existing_run(run_dir: Path, command: str, *markers: str) -> None:
             )
 
 
+def require_run(resume: str | Path, command: str = "train") -> Path:
+    """The folder ``sao <command> --resume`` names, refused (before anything is written there) unless a run wrote
+    it: a resume needs the run's saved ``config.yaml``."""
+    run_dir = Path(resume)
+    if not run_dir.is_dir():
+        raise ConfigError(f"--resume {str(run_dir)!r}: no such folder; pass the run.dir of an earlier `sao {command}`")
+    if not (run_dir / "config.yaml").is_file():
+        raise ConfigError(
+            f"--resume {str(run_dir)!r}: this folder holds no run (no config.yaml, which every run writes first); "
+            f"pass the run.dir of an earlier `sao {command}`, or start a new run with `sao {command} CONFIG`"
+        )
+    return run_dir
+
+
 def checkpoint_paths(run_dir: Path, step: int) -> tuple[Path, Path]:
     """``(checkpoints/step_N, checkpoints/.step_N.partial)``; the partial folder is emptied for the writers."""
     ckpts = run_dir / "checkpoints"
