@@ -169,6 +169,11 @@ class TrainerConfig:
     policy gradient (proportional to 1 - p) cannot return (`sao bench stability`, docs/benchmarks.md)."""
     running_mean_momentum: float = 0.9
     """running_mean: EMA momentum of the reward baseline."""
+    token_records: int = 0
+    """Per-token records of what each step did (``RUN_DIR/token_records.jsonl``, read by `sao view`): for this many
+    episodes of each batch (a seeded sample of rank 0's rows), per action token the engine's logprob, the new
+    logprob, the DIS ratio and whether the band masked it, the advantage and the value; 0: off. Disk per step is
+    bounded by ``N x action tokens x ~45 bytes`` (docs/view.md)."""
 
 
 @dataclass
@@ -335,6 +340,12 @@ class EvalConfig:
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     """``env.kwargs`` overrides for the eval episodes only, e.g. ``{pass_to_pass_sample: null}``: a SWE job's
     training reward runs a sample of the tests, its evals grade on all of them as the official harness does."""
+    critic_probe: bool = False
+    """Measure the critic as a predictor on the eval episodes (``trainer.runs.critic_probe``): after value
+    pretraining on the eval before it (the critic before and after the fit), and after RL on the eval after it (RL's
+    final critic): per difficulty level its mean value at the first action token against the success, and its
+    held-out explained variance; in the summary and ``plots/critic_calibration.png``. Costs a critic load and a
+    forward over the eval episodes per critic."""
 
 
 CLUSTER_BACKENDS = ("local", "ray")
@@ -466,6 +477,7 @@ class Config:
             (t.sync_every >= 1, "trainer.sync_every must be >= 1"),
             (t.group_size >= 1, "trainer.group_size must be >= 1"),
             (0 <= t.running_mean_momentum < 1, "trainer.running_mean_momentum must be in [0, 1)"),
+            (t.token_records >= 0, "trainer.token_records must be >= 0 (episodes recorded per step; 0 = off)"),
             (r.concurrency >= 1, "rollout.concurrency must be >= 1"),
             (r.buffer_size >= 1, "rollout.buffer_size must be >= 1"),
             (r.max_tokens >= 1, "rollout.max_tokens must be >= 1"),

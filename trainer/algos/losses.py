@@ -95,6 +95,18 @@ def _ratio_metrics(ratio: torch.Tensor, mask: torch.Tensor, prefix: str = "") ->
     }
 
 
+def dis_band_masks(
+    diff: torch.Tensor, mask: torch.Tensor, eps_low: float, eps_high: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The tokens of ``mask`` whose ratio ``exp(diff)`` (``diff = logp - rollout_logp``) lies below / above the DIS band
+    ``(1 - eps_low, 1 + eps_high)``, bounds included. Compared in log space: a logprob difference exactly
+    ``log(1 - eps_low)`` or ``log(1 + eps_high)`` is a ratio exactly on the bound, and it is masked (exp cannot land
+    exactly on every bound, e.g. 0.2, in float)."""
+    low = mask & (diff <= (math.log(1.0 - eps_low) if eps_low < 1.0 else -math.inf))
+    high = mask & (diff >= math.log1p(eps_high))
+    return low, high
+
+
 def dis_policy_loss(
     logp: torch.Tensor,
     rollout_logp: torch.Tensor,
@@ -125,10 +137,7 @@ def dis_policy_loss(
     calc = torch.promote_types(logp.dtype, torch.float32)
     diff = torch.where(mask, logp.detach().to(calc) - rollout_logp.to(calc), torch.zeros((), dtype=calc))
     ratio = torch.exp(diff)
-    # the bounds compared in log space: a logprob difference exactly log(1 - eps_low) or log(1 + eps_high) is a
-    # ratio exactly on the bound, and it is masked (exp cannot land exactly on every bound, e.g. 0.2, in float)
-    low = mask & (diff <= (math.log(1.0 - eps_low) if eps_low < 1.0 else -math.inf))
-    high = mask & (diff >= math.log1p(eps_high))
+    low, high = dis_band_masks(diff, mask, eps_low, eps_high)
     keep = mask & ~low & ~high
     weight = torch.where(keep, ratio, torch.zeros_like(ratio))
     coef = weight * torch.where(mask, advantages.to(calc), torch.zeros((), dtype=calc))

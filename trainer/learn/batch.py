@@ -34,7 +34,9 @@ class Batch:
     what token-level ``gae`` runs over); rollout_logprobs (float32, the engine's sampling logprob, 0 off actions;
     may hold -inf/NaN from a faulty engine: the learner masks those tokens); rewards (float32: each turn's reward
     on its last action token, the rest of the trajectory reward on the last action token); group_ids (long ``[B]``:
-    ``Trajectory.group_id``, or a group of its own for a trajectory without one); bootstrap (bool ``[B]``: the
+    ``Trajectory.group_id``, or a group of its own for a trajectory without one); episode_ids (long ``[B]``: the
+    episode of each row: the rows of one episode share its outcome, and a group baseline counts it once); bootstrap
+    (bool ``[B]``: the
     episode's return is incomplete, a cut nothing graded (``Trajectory.bootstraps``), so GAE bootstraps from V of
     the state after the row's last token; False for every complete return: terminated, a graded cut, a
     format-error ending).
@@ -48,6 +50,7 @@ class Batch:
     rollout_logprobs: torch.Tensor
     rewards: torch.Tensor
     group_ids: torch.Tensor
+    episode_ids: torch.Tensor
     bootstrap: torch.Tensor
 
     @property
@@ -121,7 +124,9 @@ def _flatten(traj: Trajectory, index: int) -> _Flat:
     return f
 
 
-def _build(flats: list[_Flat], width: int, pad_token_id: int, trajectories: Sequence[Trajectory]) -> Batch:
+def _build(
+    flats: list[_Flat], width: int, pad_token_id: int, trajectories: Sequence[Trajectory], episodes: Sequence[int]
+) -> Batch:
     shape = (len(flats), width)
     input_ids = torch.full(shape, int(pad_token_id), dtype=torch.long)
     attention_mask = torch.zeros(shape, dtype=torch.long)
@@ -151,6 +156,7 @@ def _build(flats: list[_Flat], width: int, pad_token_id: int, trajectories: Sequ
         rollout_logprobs=logprobs,
         rewards=rewards,
         group_ids=group_ids,
+        episode_ids=torch.tensor(list(episodes), dtype=torch.long),
         bootstrap=torch.tensor([t.bootstraps for t in trajectories], dtype=torch.bool),
     )
 
@@ -173,19 +179,23 @@ def collate(
     pad_token_id: int,
     max_len: int | None = None,
     pad_to_multiple_of: int = 1,
+    episodes: Sequence[int] | None = None,
 ) -> Batch:
-    """One trajectory per row, right-padded to the longest (rounded up to ``pad_to_multiple_of``).
+    """One trajectory per row, right-padded to the longest (rounded up to ``pad_to_multiple_of``). ``episodes``:
+    the episode of each row (None: every row an episode of its own).
 
     A trajectory longer than ``max_len``, one with ``status="infra_error"``, a non-finite reward or no action
     tokens is refused with a ValueError (truncating would silently move its reward).
     """
     if not trajectories:
         raise ValueError("cannot batch an empty list of trajectories")
+    if episodes is not None and len(episodes) != len(trajectories):
+        raise ValueError(f"collate got {len(episodes)} episode ids for {len(trajectories)} trajectories; give one each")
     flats = [_flatten(t, i) for i, t in enumerate(trajectories)]
     _check_lengths(flats, trajectories, max_len)
     width = max(len(f.ids) for f in flats)
     width = -(-width // pad_to_multiple_of) * pad_to_multiple_of
-    return _build(flats, width, pad_token_id, trajectories)
+    return _build(flats, width, pad_token_id, trajectories, range(len(flats)) if episodes is None else episodes)
 
 
 # -- micro batches ------------------------------------------------------------------------------------------
@@ -268,6 +278,12 @@ def shard_like(t: torch.Tensor, full: Batch, d: DeepSpeedConfig) -> list[torch.T
     ``shard_batch`` cuts ``full``, on the device; zeros on an empty micro batch."""
     dev = dist_utils.device()
     return [(t[rows, :width] if rows else t.new_zeros((1, 1))).to(dev) for rows, width in _cuts(full, d)]
+
+
+def micro_batch_rows(full: Batch, d: DeepSpeedConfig) -> list[list[int]]:
+    """The rows of the global batch in each of this rank's micro batches (``shard_batch``'s order; ``[]`` for an
+    empty one): row ``j`` of micro batch ``i`` is row ``micro_batch_rows(...)[i][j]`` of ``full``."""
+    return [rows for rows, _ in _cuts(full, d)]
 
 
 def token_scale(masks: list[torch.Tensor], grad_accum: int) -> tuple[float, float]:

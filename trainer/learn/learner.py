@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import random
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,10 +46,11 @@ from sao.trainer.algos.registry import (
     policy_loss_traits,
 )
 from sao.trainer.config import Config, ConfigError
-from sao.trainer.learn.batch import Batch, collate, shard_batch, shard_like, token_scale
+from sao.trainer.learn.batch import Batch, collate, micro_batch_rows, shard_batch, shard_like, token_scale
 from sao.trainer.learn.deepspeed_engine import full_grad_norm, grad_accum_steps, make_engine, mark_boundary, plain_grads
 from sao.trainer.learn.models import shifted_values
 from sao.trainer.learn.targets import gae_inputs, value_after, value_targets
+from sao.trainer.learn.token_records import RowTokens, TokenProbe
 
 # Rows of the LM head computed at a time for logprobs: 1,024 x V float32 is 200 MB at SmolLM2's 49k vocabulary,
 # 620 MB at a 152k one (docs/scale.md).
@@ -111,6 +113,10 @@ class Learner:
         self.pad_token_id = pad_token_id
         self.allowed = allowed
         self.baseline = RunningMeanBaseline(decay=t.running_mean_momentum or None)
+        # trainer.token_records: rank 0 records a sample of its rows; the run reads them after each step
+        self.token_rows: list[RowTokens] = []
+        self._token_sample = t.token_records if dist_utils.rank() == 0 else 0
+        self._token_rng = random.Random(cfg.run.seed)
 
     # -- forward helpers -------------------------------------------------------------------------------------
     def _logp(self, b: Batch, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -136,15 +142,21 @@ class Learner:
         return torch.where(b.response_mask, shifted_values(raw), 0.0), value_after(raw, b)
 
     # -- the step --------------------------------------------------------------------------------------------
-    def train_step(self, trajs: list[Trajectory], policy: bool = True) -> dict[str, float]:
+    def train_step(
+        self, trajs: list[Trajectory], policy: bool = True, episodes: list[int] | None = None
+    ) -> dict[str, float]:
         """One policy version: the batch -> values -> advantages -> ``ppo_epochs`` policy steps -> K critic steps.
-        ``policy=False``: a critic warm-up batch (``trainer.critic_warmup_steps``): the K critic steps only."""
-        full, bad = self._collate(trajs)
+        ``policy=False``: a critic warm-up batch (``trainer.critic_warmup_steps``): the K critic steps only.
+        ``episodes``: the episode of each row (``Train.episodes``; None: a row each)."""
+        full, bad = self._collate(trajs, episodes)
         m: dict[str, float] = {
             "nonfinite_rewards": float(len(bad)),
             "uniform_reward_batch": float(_uniform_rewards(full, bad)),
         }
         micro = shard_batch(full, self.cfg.deepspeed)
+        rows = micro_batch_rows(full, self.cfg.deepspeed)
+        probe = TokenProbe.sample(rows, self._token_sample, self._token_rng)
+        self.token_rows = []
         values = self._critic_values(micro, m)
         adv = self._advantages(full, micro, bad, values, m)
         critic_first = self.critic is not None and self.cfg.trainer.update_order == "critic_first"
@@ -163,17 +175,19 @@ class Learner:
         elif self.cfg.trainer.skip_uniform_reward_batches and _uniform_rewards(full, bad):
             m.update(skipped_steps=float(self.cfg.policy_epochs), skipped_uniform_batches=1.0, trained_tokens=0.0)
         else:
-            m.update(self._policy_steps(micro, adv.advantages))
+            m.update(self._policy_steps(micro, adv.advantages, probe))
+        if probe is not None:
+            self.token_rows = probe.rows(micro, adv.advantages, adv.old_values, self.ratio_bounds)
         if self.critic is not None and not critic_first:
             m.update(self._critic_steps(micro, adv))
         return m
 
-    def _collate(self, trajs: list[Trajectory]) -> tuple[Batch, list[int]]:
+    def _collate(self, trajs: list[Trajectory], episodes: list[int] | None = None) -> tuple[Batch, list[int]]:
         """The global batch and the rows of trajectories with a non-finite reward: those keep their row (so every
         rank cuts the same micro batches) with no trainable token."""
         bad = [i for i, tr in enumerate(trajs) if not _finite_reward(tr)]
         clean = [_zero_reward(tr) if i in bad else tr for i, tr in enumerate(trajs)]
-        full = collate(clean, self.pad_token_id)
+        full = collate(clean, self.pad_token_id, episodes=episodes)
         if bad:
             rows = torch.zeros(full.shape[0], 1, dtype=torch.bool)
             rows[bad] = True
@@ -228,6 +242,7 @@ class Learner:
                     action_mask=sub.action_mask,
                     response_mask=sub.response_mask,
                     group_ids=sub.group_ids if self.adv_traits.needs_groups else None,
+                    episode_ids=sub.episode_ids,
                     baseline=self.baseline if self.adv_traits.needs_baseline else None,
                     gamma=t.gamma,
                     lam=t.lam,
@@ -272,10 +287,12 @@ class Learner:
             adv, _ = advantages_per_row_lambda(self.adv_fn, inputs, row_lambdas(b.action_mask, t.lambda_alpha))
         return adv, ret
 
-    def _policy_steps(self, micro: list[Batch], advs: list[torch.Tensor]) -> dict[str, float]:
+    def _policy_steps(
+        self, micro: list[Batch], advs: list[torch.Tensor], probe: TokenProbe | None = None
+    ) -> dict[str, float]:
         """The policy phase: ``trainer.ppo_epochs`` actor optimizer steps on the batch (the old-policy recompute,
         if the algorithm clips against one, happens once before the first). Tokens with a non-finite rollout or old
-        logprob are masked out of the loss."""
+        logprob are masked out of the loss. ``probe`` keeps the first epoch's logprobs of its rows."""
         t = self.cfg.trainer
         olds: list[torch.Tensor | None] = [None] * len(micro)
         if self.loss_traits.needs_old_logp:
@@ -303,8 +320,9 @@ class Learner:
             }
         sums: dict[str, float] = {}
         skipped = 0
-        for _ in range(self.cfg.policy_epochs):
-            gn, was_skipped, bad_logp = self._policy_step(micro, masks, rollout, olds, advs, scale, sums)
+        for epoch in range(self.cfg.policy_epochs):
+            seen = probe if epoch == 0 else None
+            gn, was_skipped, bad_logp = self._policy_step(micro, masks, rollout, olds, advs, scale, sums, seen)
             skipped += int(was_skipped)
             m["nonfinite_logp"] += bad_logp
             m["actor_grad_norm"] = gn
@@ -324,6 +342,7 @@ class Learner:
         advs: list[torch.Tensor],
         scale: float,
         sums: dict[str, float],
+        probe: TokenProbe | None = None,
     ) -> tuple[float, bool, float]:
         """One actor optimizer step over the micro batches; adds token-weighted metric sums to ``sums``.
         Returns ``(grad norm, skipped, tokens whose recomputed logprob was not finite)``; such tokens are masked
@@ -335,6 +354,8 @@ class Learner:
         for i, (b, mask0, old, adv, rl) in enumerate(zip(micro, masks, olds, advs, rollout, strict=True)):
             mark_boundary(self.actor, i, len(micro))
             logp, ent = self._logp(b, True)
+            if probe is not None:
+                probe.saw(i, logp)
             mask = mask0 & torch.isfinite(logp.detach())
             bad_logp += float((mask0 & ~mask).sum())
             loss, lm = self.loss_fn(

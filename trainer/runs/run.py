@@ -24,14 +24,17 @@ import torch
 from sao.agent.engines.protocols import EngineError
 from sao.agent.engines.registry import InProcessArgs, ServeArgs, engine_spec
 from sao.agent.engines.vllm_check import check_servers
+from sao.agent.records import Trajectory
 from sao.core.jsonl import append_jsonl, write_json_atomic
 from sao.envs.registration import preflight
+from sao.eval.view.formats import TOKEN_RECORDS
 from sao.trainer import distributed as dist_utils
 from sao.trainer.config import Config, ConfigError, load_config, resumed_config, save_config
 from sao.trainer.learn.learner import Learner
+from sao.trainer.learn.token_records import token_record, write_token_records
 from sao.trainer.rollout.env_tasks import load_env_tasks
 from sao.trainer.rollout.ledger import Ledger, replay
-from sao.trainer.rollout.pipeline import Coordinator, Item, TaskSource
+from sao.trainer.rollout.pipeline import Coordinator, Counters, Item, TaskSource
 from sao.trainer.rollout.runner import episode_runner
 from sao.trainer.rollout.versions import Lineage
 from sao.trainer.runs.commands import Command, Export, PushWeights, Save, Saved, Stop, Train
@@ -146,8 +149,8 @@ class Trainer:
     def execute(self, cmd: Command) -> Any:
         """Run one command on this rank (rank 0 gets its result: metrics, ``Saved``, push timings)."""
         match cmd:
-            case Train(trajs, policy):
-                return self.learner.train_step(list(trajs), policy=policy)
+            case Train(trajs, policy, episodes):
+                return self.learner.train_step(list(trajs), policy=policy, episodes=list(episodes) or None)
             case Export(out, critic):
                 engine = self.learner.critic if critic else self.learner.actor
                 assert engine is not None, "Export(critic=True) on an algorithm without a critic"
@@ -280,7 +283,7 @@ class Trainer:
             "critic_warmup_done": self.warmup_done,
             "cursor": coord.cursor,
             "seq": coord.seq,
-            "buffer_uids": [i.uid for i in coord.buffer],
+            "buffer_uids": [u for i in coord.buffer for u in i.uids],
             "baseline": self.learner.baseline.state_dict(),
             "rng": _rng_state(),
             "counters": {
@@ -288,6 +291,7 @@ class Trainer:
                 "trained": coord.counters.trained,
                 "dropped_stale": coord.counters.dropped_stale,
                 "infra_error": coord.counters.infra_error,
+                "episodes_trained": coord.counters.episodes_trained,
             },
         }
         try:
@@ -383,9 +387,8 @@ class Trainer:
             lineage=lineage,
         )
         coord.version = self.version
+        coord.counters = Counters.from_accounting(acc)  # before restore: what it drops adds to them
         coord.restore(list(pending.values()), self.step)
-        coord.counters.generated, coord.counters.trained = acc.generated, acc.trained
-        coord.counters.dropped_stale, coord.counters.infra_error = acc.dropped_stale, acc.infra_error
         if coord.synchronous:
             coord.allow_next_batch(max(0, t.batch_size - len(coord.buffer)))
         coord.start()
@@ -409,9 +412,10 @@ class Trainer:
                     break
                 items: list[Item] = batch
                 t1 = time.perf_counter()
-                m = await asyncio.to_thread(self.lead, Train(tuple(i.traj for i in items)))
+                m = await asyncio.to_thread(self.lead, Train.of(items))
                 t2 = time.perf_counter()
                 self.step += 1
+                self._write_token_records(items)
                 coord.trained(items, self.step)
                 self.version += 1
                 coord.version = self.version
@@ -439,6 +443,15 @@ class Trainer:
             progress.close()
         return last
 
+    def _write_token_records(self, items: list[Item]) -> None:
+        """The learner's per-token records of this step (``trainer.token_records``), with the episodes' ledger uids."""
+        loss = self.cfg.algorithm.policy_loss
+        recs = [
+            token_record(self.step, self.version, loss, items[r.row].uid, items[r.row].traj, r)
+            for r in self.learner.token_rows
+        ]
+        write_token_records(self.run_dir / TOKEN_RECORDS, recs)
+
     async def _critic_warmup(self, s: _Session, stop: StopRequest) -> bool:
         """``trainer.critic_warmup_steps`` critic-only batches before the first policy step (the policy and its
         version stay put, so nothing goes stale and no weights are synced). Each is logged to
@@ -451,14 +464,15 @@ class Trainer:
             batch = await next_batch_or_stop(coord, t.batch_size, 0, stop, self._server)
             if batch is None:
                 return False
-            m = await asyncio.to_thread(self.lead, Train(tuple(i.traj for i in batch), policy=False))
+            m = await asyncio.to_thread(self.lead, Train.of(batch, policy=False))
             coord.trained(batch, 0)
             self.warmup_done += 1
             rec = {
                 "critic_warmup_step": self.warmup_done,
                 "of": n,
-                "trajectories": len(batch),
-                "success_rate": float(np.mean([bool(i.traj.info.get("solved", i.traj.reward > 0)) for i in batch])),
+                "episodes": len(batch),
+                "rows": sum(len(i.rows) for i in batch),
+                "success_rate": float(np.mean([_solved(i.rows[-1]) for i in batch])),
                 "step_s": time.perf_counter() - t0,
                 **m,
             }
@@ -510,22 +524,29 @@ class Trainer:
         t_run: float,
         gen0: int,
     ) -> dict[str, Any]:
-        trajs = [i.traj for i in items]
+        trajs = [r for i in items for r in i.rows]
+        outcomes = [i.rows[-1] for i in items]  # every row carries its episode's outcome; the last one reads it
         lags = coord.counters.lags or [0]
         elapsed = max(t3 - t_run, 1e-9)
-        solved = [bool(tr.info.get("solved", tr.reward > 0)) for tr in trajs]
+        c = coord.counters
         out = {
             "version": self.version,
-            "reward_mean": float(np.mean([tr.reward for tr in trajs])),
-            "success_rate": float(np.mean(solved)),
+            "reward_mean": float(np.mean([tr.reward for tr in outcomes])),
+            "success_rate": float(np.mean([_solved(tr) for tr in outcomes])),
             "policy_lag_mean": float(np.mean(lags)),
             "policy_lag_max": int(max(lags)),
-            "dropped_stale": coord.counters.dropped_stale,
-            "infra_errors": coord.counters.infra_error,
-            "generated": coord.counters.generated,
-            "trained_trajectories": coord.counters.trained,
+            "batch_episodes": len(items),
+            "batch_rows": len(trajs),
+            "dropped_stale": c.dropped_stale,
+            "dropped_stale_episodes": c.episodes_dropped_stale,
+            "infra_errors": c.infra_error,
+            "infra_error_episodes": c.episodes_infra_error,
+            "generated": c.generated,
+            "generated_episodes": c.episodes_generated,
+            "trained_rows": c.trained,
+            "trained_episodes": c.episodes_trained,
             "buffer": len(coord.buffer),
-            "trajectories_per_s": (coord.counters.generated - gen0) / elapsed,
+            "trajectories_per_s": (c.generated - gen0) / elapsed,
             "trained_tokens_per_s": float(m.get("trained_tokens", 0.0)) / max(t2 - t1, 1e-9),
             "trainer_idle_frac": (t1 - t0) / max(t3 - t0, 1e-9),
             "step_s": t3 - t0,
@@ -538,6 +559,11 @@ class Trainer:
             out["render_drift"] = float(np.mean(drift))
         out.update(m)
         return out
+
+
+def _solved(outcome: Trajectory) -> bool:
+    """Whether an episode (its row that carries the outcome) solved its task."""
+    return bool(outcome.info.get("solved", outcome.reward > 0))
 
 
 def train(config_path: str | None, overrides: list[str] | None = None, resume: str | None = None) -> Path:

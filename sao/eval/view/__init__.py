@@ -1,0 +1,1 @@
+"""`sao view`: a local web page over a run, eval or gateway folder (``reader`` reads the files, ``server`` serves)."""
