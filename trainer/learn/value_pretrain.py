@@ -125,8 +125,9 @@ def _batches(trajs: list[Trajectory], order: list[int], bs: int) -> list[list[Tr
 
 
 @torch.no_grad()
-def held_out_ev(critic: Any, held: list[Trajectory], cfg: Config, pad_id: int) -> float:
-    """Explained variance of the critic's values against the returns on ``held`` (NaN when empty); collective."""
+def held_out_ev(critic: Any, held: list[Trajectory], cfg: Config, pad_id: int, collective: bool = True) -> float:
+    """Explained variance of the critic's values against the returns on ``held`` (NaN when empty); collective
+    unless ``collective`` is false (one rank measuring alone)."""
     if not held:
         return float("nan")
     parts = [0.0] * 5
@@ -138,7 +139,7 @@ def held_out_ev(critic: Any, held: list[Trajectory], cfg: Config, pad_id: int) -
         rets = _returns(critic, full, micro, cfg)
         for i, x in enumerate(explained_variance_sums(vals, rets, [b.action_mask for b in micro])):
             parts[i] += x
-    return explained_variance_from_sums(dist_utils.all_reduce_sum(parts))
+    return explained_variance_from_sums(dist_utils.all_reduce_sum(parts) if collective else parts)
 
 
 def _ev_text(ev: float) -> str:

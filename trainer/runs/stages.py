@@ -165,7 +165,18 @@ def eval_stage(cfg: Config, model_dir: str, out: Path) -> dict[str, Any]:
     )  # fmt: skip
     scores = episode_scores(trajs, tok, tasks)
     scores["model"], scores["wall_s"] = model_dir, time.perf_counter() - t0
+    rl = _stage_before(out, "train")
+    if cfg.eval.critic_probe and rl is not None and (rl / "final" / "critic").is_dir():
+        from sao.trainer.runs.critic_probe import calibrate
+
+        scores["critic_calibration"] = calibrate(cfg, {"after RL": str(rl / "final" / "critic")}, out)
     return scores
+
+
+def _stage_before(out: Path, stage: str) -> Path | None:
+    """The folder of the last ``stage`` stage before the stage writing to ``out`` (same run dir), if any."""
+    found = sorted(p for p in out.parent.glob(f"[0-9][0-9]_{stage}") if p.name < out.name)
+    return found[-1] if found else None
 
 
 def sft_stage(cfg: Config, model_dir: str, out: Path, collected: Path | None) -> dict[str, Any]:
@@ -228,6 +239,12 @@ def pretrain_value_stage(cfg: Config, model_dir: str, out: Path) -> dict[str, An
         wall_s=time.perf_counter() - t0,
         critic=str(out / "value_init"),
     )
+    held_eval = _stage_before(out, "eval")
+    if cfg.eval.critic_probe and held_eval is not None and dist_utils.rank() == 0:
+        from sao.trainer.runs.critic_probe import calibrate
+
+        critics = {"before value pretraining": "actor", "after value pretraining": res["critic"]}
+        res["critic_calibration"] = calibrate(cfg, critics, held_eval)
     if dist_utils.rank() == 0:
         say(
             f"   value pretraining: held-out explained variance {res['held_out_ev_before']:.3f} -> "
@@ -373,7 +390,7 @@ def run_stages(cfg: Config, resume: str | None, train: TrainFn) -> Path:
             res.setdefault("label", label)
             results.append({**res, "label": res.get("label", label)})
         if rank0 and stage != "eval":
-            shown = {k: v for k, v in res.items() if k not in ("stage", "curve")}
+            shown = {k: v for k, v in res.items() if k not in ("stage", "curve", "critic_calibration")}
             say(f"   {stage}: " + ", ".join(f"{k} {_fmt(v)}" for k, v in shown.items()))
     if rank0:
         _report(run_dir, cfg, results, every, time.perf_counter() - t_run)
@@ -428,6 +445,16 @@ def _report(
             for f in families
         )
     table += _dynamics_text(every)
+    calibrations = [r["critic_calibration"] for r in every if r.get("critic_calibration")]
+    if calibrations:
+        from sao.trainer.runs.critic_probe import calibration_table, plot_calibration
+
+        table += (
+            "\n\ncritic as a predictor on held-out eval episodes (V0: mean value at the first action token; EV: "
+            "explained variance):\n\n" + calibration_table(calibrations)
+        )
+        if cfg.run.plot:
+            plot_calibration(run_dir / "plots" / "critic_calibration.png", calibrations)
     text = f"# {run_dir.name}: stages {cfg.stages}\n\n{table}\n\nwall time {wall_s / 60:.1f} min\n"
     write_text_durably(run_dir / "summary.md", text)
     write_json_atomic(run_dir / "summary.json", {"evals": results, "stages": every, "wall_s": wall_s})
