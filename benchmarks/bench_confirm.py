@@ -173,7 +173,7 @@ def arm_result(name: str, summary: dict[str, Any], sft_eval: dict[str, Any], run
     warm = [json.loads(x) for x in warmup.read_text().splitlines() if x.strip()] if warmup.exists() else []
     curve = {
         k: [r.get(k) for r in rows]
-        for k in ("step", "success_rate", "reward_mean", "explained_variance", "trained_trajectories", "step_s")
+        for k in ("step", "success_rate", "reward_mean", "explained_variance", "trained_episodes", "step_s")
     }
     return {
         "arm": name,

@@ -189,7 +189,7 @@ async def replay_one(cfg: StalenessBenchConfig, setting: Setting, policy: str, s
             w0 = time.perf_counter()
             items = await asyncio.wait_for(coord.next_batch(cfg.batch_size, step), 600)
             idle += time.perf_counter() - w0
-            lags += [coord.lag(i.traj) for i in items]
+            lags += [coord.lag(i) for i in items]
             coord.trained(items, step)
             await asyncio.sleep(step_s / cfg.speedup)
             coord.version += 1

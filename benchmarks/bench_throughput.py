@@ -78,13 +78,13 @@ def summarize(rows: list[dict[str, Any]], warmup: int) -> dict[str, float]:
         raise ValueError("the run wrote no metrics; did it train any step?")
     w = warmup if len(rows) > warmup + 1 else 0
     window = rows[w:]
-    before = rows[w - 1]["trained_trajectories"] if w else 0
+    before = rows[w - 1]["trained_episodes"] if w else 0
     secs = sum(float(r["step_s"]) for r in window)
     total_secs = sum(float(r["step_s"]) for r in rows)
     idle = sum(float(r["trainer_idle_frac"]) * float(r["step_s"]) for r in window)
     return {
-        "trained_per_s": (rows[-1]["trained_trajectories"] - before) / max(secs, 1e-9),
-        "trained_per_s_incl_warmup": rows[-1]["trained_trajectories"] / max(total_secs, 1e-9),
+        "trained_per_s": (rows[-1]["trained_episodes"] - before) / max(secs, 1e-9),
+        "trained_per_s_incl_warmup": rows[-1]["trained_episodes"] / max(total_secs, 1e-9),
         "trainer_idle_frac": idle / max(secs, 1e-9),
         "policy_lag_mean": sum(float(r["policy_lag_mean"]) for r in window) / len(window),
         "policy_lag_max": max(int(r["policy_lag_max"]) for r in window),
@@ -93,7 +93,7 @@ def summarize(rows: list[dict[str, Any]], warmup: int) -> dict[str, float]:
         "weight_sync_s_mean": sum(float(r.get("weight_sync_s", 0.0)) for r in window) / len(window),
         "dropped_stale": float(rows[-1]["dropped_stale"]),
         "generated": float(rows[-1]["generated"]),
-        "trained": float(rows[-1]["trained_trajectories"]),
+        "trained": float(rows[-1]["trained_episodes"]),
         "success_rate_mean": sum(float(r["success_rate"]) for r in window) / len(window),
         "steps": float(len(rows)),
         "steady_steps": float(len(window)),

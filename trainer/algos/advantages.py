@@ -238,6 +238,7 @@ def _select_rows(inputs: AdvantageInputs, rows: torch.Tensor, lam: float) -> Adv
         values=pick(inputs.values),
         response_mask=pick(inputs.response_mask),
         group_ids=pick(inputs.group_ids),
+        episode_ids=pick(inputs.episode_ids),
         bootstrap_values=pick(inputs.bootstrap_values),
         lam=lam,
     )
@@ -320,6 +321,20 @@ def _outcome(inputs: AdvantageInputs) -> torch.Tensor:
     return inputs.rewards.sum(dim=-1)
 
 
+def _episodes(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(rows, inverse)``: one row per episode (its last: every row carries the episode's outcome) and the episode
+    of each row as an index into them, so an outcome baseline counts an episode once however many rows it has."""
+    b, dev = inputs.rewards.shape[0], inputs.rewards.device
+    if inputs.episode_ids is None:
+        return torch.arange(b, device=dev), torch.arange(b, device=dev)
+    last: dict[int, int] = {}
+    for row, e in enumerate(inputs.episode_ids.tolist()):
+        last[int(e)] = row
+    order = {e: k for k, e in enumerate(last)}
+    inverse = torch.tensor([order[int(e)] for e in inputs.episode_ids.tolist()], dtype=torch.long, device=dev)
+    return torch.tensor(list(last.values()), dtype=torch.long, device=dev), inverse
+
+
 def _broadcast(adv_rows: torch.Tensor, outcome: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     m = mask.to(adv_rows.dtype)
     return adv_rows[:, None] * m, outcome.to(adv_rows.dtype)[:, None] * m
@@ -380,7 +395,9 @@ def _gae_entry(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
 def _grpo_entry(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
     group_ids = _need(inputs.group_ids, "group_ids ([B] prompt group of each row)", "grpo")
     outcome = _outcome(inputs)
-    return _broadcast(grpo_advantages(outcome, group_ids), outcome, inputs.action_mask)
+    rows, inverse = _episodes(inputs)  # one baseline term per episode, its advantage on every row of it
+    per_episode = grpo_advantages(outcome[rows], group_ids.to(rows.device)[rows])
+    return _broadcast(per_episode[inverse], outcome, inputs.action_mask)
 
 
 @register_advantage("running_mean", needs_baseline=True)
@@ -388,9 +405,10 @@ def _running_mean_entry(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Te
     if inputs.baseline is None:
         raise ValueError("advantage estimator 'running_mean' needs baseline=RunningMeanBaseline() in AdvantageInputs")
     outcome = _outcome(inputs)
-    adv = inputs.baseline.advantage(outcome)
-    inputs.baseline.update(outcome)
-    return _broadcast(adv, outcome, inputs.action_mask)
+    rows, inverse = _episodes(inputs)
+    adv = inputs.baseline.advantage(outcome[rows])
+    inputs.baseline.update(outcome[rows])
+    return _broadcast(adv[inverse], outcome, inputs.action_mask)
 
 
 def turn_sign_stats(advantages: torch.Tensor, action_mask: torch.Tensor, rewards: torch.Tensor) -> list[float]:

@@ -28,7 +28,9 @@ class AdvantageInputs:
     ``rewards``: token rewards (the final reward on the last action token, optional per-turn rewards);
     ``action_mask``: 1 on action tokens; ``values``: critic values (estimators with a critic need them);
     ``response_mask``: 1 on every non-prompt token (``gae`` runs over it; defaults to ``action_mask``);
-    ``group_ids``: ``[B]`` prompt group of each row (``grpo``); ``baseline``: the trainer's running-mean state
+    ``group_ids``: ``[B]`` prompt group of each row (``grpo``); ``episode_ids``: ``[B]`` episode of each row (the rows
+    of an episode share its outcome; ``grpo`` and ``running_mean`` count each episode once; None: one row each);
+    ``baseline``: the trainer's running-mean state
     (``running_mean``, which reads and then updates it); ``bootstrap_values``: ``[B]``, V of the state after each
     row's last token where the episode's return is incomplete (a cut nothing graded: ``Trajectory.bootstraps``)
     and 0 where it is complete; estimators with a critic take it as V after the row's last token (None: 0 for all).
@@ -39,6 +41,7 @@ class AdvantageInputs:
     values: torch.Tensor | None = None
     response_mask: torch.Tensor | None = None
     group_ids: torch.Tensor | None = None
+    episode_ids: torch.Tensor | None = None
     baseline: RunningMeanBaseline | None = None
     bootstrap_values: torch.Tensor | None = None
     gamma: float = 1.0

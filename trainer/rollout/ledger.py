@@ -1,7 +1,9 @@
-"""RUN_DIR/trajectories.jsonl: every trajectory appended as it arrives, then its fate (trained / dropped) as events.
+"""RUN_DIR/trajectories.jsonl: every row (a trajectory) appended as it arrives, then its fate (trained / dropped).
 
 Lines (JSON, fsynced):
-- ``{"type": "trajectory", "uid", "seq", "task_index", "status", "arrived_version", "trajectory": {...}}``
+- ``{"type": "trajectory", "uid", "seq", "task_index", "status", "arrived_version", "episode", "trajectory": {...}}``:
+  one row; ``episode`` names its episode (the uid of the episode's first row; the rows of an episode are trained or
+  dropped together). A line written before ``episode`` existed is an episode of its own.
 - ``{"type": "event", "uid", "event": "trained" | "dropped_stale", "step", "version"}``
 - ``{"type": "resume", "from_step", "from_version", "next_version"}``: a run resumed from the checkpoint of
   ``from_step`` (policy version ``from_version``); events of later steps written before it belong to the lost branch
@@ -12,7 +14,7 @@ Lines (JSON, fsynced):
 
 ``accounting`` replays the file: each trajectory has exactly one final state (trained, dropped_stale,
 infra_error or pending), so ``generated = trained + dropped_stale + infra_error + pending`` holds by construction
-and a trajectory trained twice is reported.
+and a trajectory trained twice is reported. The ``episodes_*`` counts say the same per episode.
 """
 
 from __future__ import annotations
@@ -35,7 +37,10 @@ class Ledger:
     def _write(self, rec: dict[str, Any]) -> None:
         self._out.append(rec)
 
-    def arrived(self, uid: str, seq: int, task_index: int, traj: Trajectory, version: int) -> None:
+    def arrived(
+        self, uid: str, seq: int, task_index: int, traj: Trajectory, version: int, episode: str | None = None
+    ) -> None:
+        """One row of episode ``episode`` (None: an episode of its own)."""
         self._write(
             {
                 "type": "trajectory",
@@ -44,6 +49,7 @@ class Ledger:
                 "task_index": task_index,
                 "status": traj.status,
                 "arrived_version": version,
+                "episode": episode or uid,
                 "trajectory": traj.to_dict(),
             }
         )
@@ -63,6 +69,9 @@ class Ledger:
 
 @dataclass
 class Accounting:
+    """Rows by final state (``generated`` ... ``pending``) and episodes by theirs (``episodes_*``: an episode is
+    trained or dropped when its rows are, an infra error when none of its rows is trainable)."""
+
     generated: int = 0
     trained: int = 0
     dropped_stale: int = 0
@@ -70,6 +79,10 @@ class Accounting:
     pending: int = 0
     double_trained: list[str] = field(default_factory=list)
     pending_uids: list[str] = field(default_factory=list)
+    episodes_generated: int = 0
+    episodes_trained: int = 0
+    episodes_dropped_stale: int = 0
+    episodes_infra_error: int = 0
     max_seq: int = -1
     max_task_index: int = -1
     max_version: int = 0  #: the highest policy version the run ever used, lost branches included
@@ -129,16 +142,20 @@ def replay(path: str | Path, resume_from: int | None = None) -> tuple[Accounting
             trained_count[uid] = trained_count.get(uid, 0) + 1
     acc.double_trained = sorted(u for u, c in trained_count.items() if c > 1)
     pending: dict[str, dict[str, Any]] = {}
+    episodes: dict[str, str] = {}  # episode -> its state: that of its first trainable row, else infra_error
     for uid, rec in records.items():
-        acc.generated += 1
-        if rec["status"] == "infra_error":
-            acc.infra_error += 1
-        elif final.get(uid) == "trained":
-            acc.trained += 1
-        elif final.get(uid) == "dropped_stale":
-            acc.dropped_stale += 1
-        else:
-            acc.pending += 1
+        state = "infra_error" if rec["status"] == "infra_error" else final.get(uid, "pending")
+        setattr(acc, state, getattr(acc, state) + 1)
+        if state == "pending":
             pending[uid] = rec
+        key = str(rec.get("episode") or uid)
+        if episodes.get(key, "infra_error") == "infra_error":
+            episodes[key] = state
+    acc.generated = len(records)
+    acc.episodes_generated = len(episodes)
+    for state in episodes.values():
+        if state != "pending":
+            name = f"episodes_{state}"
+            setattr(acc, name, getattr(acc, name) + 1)
     acc.pending_uids = list(pending)
     return acc, pending

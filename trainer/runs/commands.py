@@ -7,18 +7,33 @@ With one rank nothing is serialized: the record, trajectories included, is passe
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from sao.agent.engines.weight_sync import SyncPlan
 from sao.agent.records import Trajectory
 
+if TYPE_CHECKING:
+    from sao.trainer.rollout.pipeline import Item
+
 
 @dataclass(frozen=True)
 class Train:
-    """One learner step on ``trajs``; ``policy=False``: a critic warm-up batch (the critic's K steps only)."""
+    """One learner step on ``trajs``; ``policy=False``: a critic warm-up batch (the critic's K steps only).
+    ``episodes``: the episode (0, 1, ...) of each row (an episode's rows share its outcome and, under GRPO, its one
+    advantage); empty: every row an episode of its own."""
 
     trajs: tuple[Trajectory, ...]
     policy: bool = True
+    episodes: tuple[int, ...] = ()
+
+    @classmethod
+    def of(cls, items: Sequence[Item], policy: bool = True) -> Train:
+        """The step on a coordinator batch: every row of each episode in order."""
+        return cls(
+            tuple(r for i in items for r in i.rows), policy, tuple(e for e, i in enumerate(items) for _ in i.rows)
+        )
 
 
 @dataclass(frozen=True)

@@ -444,12 +444,10 @@ class Trainer:
         return last
 
     def _write_token_records(self, items: list[Item]) -> None:
-        """The learner's per-token records of this step (``trainer.token_records``), with the episodes' ledger uids."""
+        """The learner's per-token records of this step (``trainer.token_records``), with the rows' ledger uids."""
         loss = self.cfg.algorithm.policy_loss
-        recs = [
-            token_record(self.step, self.version, loss, items[r.row].uid, items[r.row].traj, r)
-            for r in self.learner.token_rows
-        ]
+        rows = [(uid, row) for i in items for uid, row in zip(i.uids, i.rows, strict=True)]  # as Train.of lays them
+        recs = [token_record(self.step, self.version, loss, *rows[r.row], r) for r in self.learner.token_rows]
         write_token_records(self.run_dir / TOKEN_RECORDS, recs)
 
     async def _critic_warmup(self, s: _Session, stop: StopRequest) -> bool:

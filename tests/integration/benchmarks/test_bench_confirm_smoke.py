@@ -70,7 +70,7 @@ def test_confirm_bench_from_a_finished_run_trains_the_other_arm_and_reports(
     summary = json.loads((out / "arms" / "grpo" / "summary.json").read_text())
     assert set(summary["evals"][-1]["solved_by_task"]) == held_out  # the same held-out tasks as the SFT eval
     steps = [json.loads(x) for x in (out / "arms" / "grpo" / "00_train" / "metrics.jsonl").read_text().splitlines()]
-    assert [s["step"] for s in steps] == [1] and steps[0]["trained_trajectories"] == 2 and "value_loss" not in steps[0]
+    assert [s["step"] for s in steps] == [1] and steps[0]["trained_episodes"] == 2 and "value_loss" not in steps[0]
     assert "| sao " in stdout and "| grpo " in stdout and "sao - grpo:" in stdout
     rows = {a["arm"]: a for a in data["arms"]}
     # the run's value pretraining (4 rollouts) and one warm-up batch of 2 trained only its critic
@@ -99,7 +99,7 @@ def test_confirm_bench_runs_both_arms_from_one_sft_checkpoint_and_reports(
         train_dir = out / "arms" / arm / ("01_train" if arm == "sao" else "00_train")  # SAO pretrains its critic
         steps = [json.loads(x) for x in (train_dir / "metrics.jsonl").read_text().splitlines()]
         # the trained count includes SAO's two warm-up batches of 2 (critic only), then one policy step of 2
-        assert [s["step"] for s in steps] == [1] and steps[0]["trained_trajectories"] == (6 if arm == "sao" else 2)
+        assert [s["step"] for s in steps] == [1] and steps[0]["trained_episodes"] == (6 if arm == "sao" else 2)
         assert ("value_loss" in steps[0]) == (arm == "sao")  # SAO trains a critic, GRPO does not
     assert "| sao " in stdout and "| grpo " in stdout and "sao - grpo:" in stdout
     rows = {a["arm"]: a for a in data["arms"]}

@@ -25,7 +25,7 @@ def _row(step: int, step_s: float, idle: float, lag: float, trained: int) -> dic
         "trainer_idle_frac": idle,
         "policy_lag_mean": lag,
         "policy_lag_max": int(lag) + 1,
-        "trained_trajectories": trained,
+        "trained_episodes": trained,
         "dropped_stale": 0,
         "generated": trained,
         "success_rate": 0.5,

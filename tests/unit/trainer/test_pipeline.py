@@ -53,7 +53,7 @@ async def test_infra_errors_are_recorded_and_never_trained(tmp_path: Path) -> No
     c.start()
     for step in range(1, 4):
         items = await c.next_batch(4, step)
-        assert all(i.traj.status == "ok" for i in items)
+        assert all(r.status == "ok" for i in items for r in i.rows)
         c.trained(items, step)
         c.version += 1
     await c.stop()
@@ -73,7 +73,7 @@ async def test_stale_trajectories_are_dropped_and_counted(tmp_path: Path) -> Non
     items = await c.next_batch(2, 1)
     await c.stop()
     assert c.counters.dropped_stale >= 8
-    assert all(c.lag(i.traj) <= 1 for i in items)
+    assert all(c.lag(i) <= 1 for i in items)
     acc, _ = replay(tmp_path / "trajectories.jsonl")
     assert acc.dropped_stale == c.counters.dropped_stale and acc.balanced()
 
@@ -132,7 +132,7 @@ async def _train(c: Coordinator, steps: int, batch: int) -> list[tuple[str, int]
     trained: list[tuple[str, int]] = []
     for step in range(1, steps + 1):
         items = await asyncio.wait_for(c.next_batch(batch, step), 10)
-        trained += [(i.traj.task_id, c.lag(i.traj)) for i in items]
+        trained += [(i.rows[0].task_id, c.lag(i)) for i in items]
         c.trained(items, step)
         await asyncio.sleep(0.01)
         c.version += 1
@@ -192,8 +192,8 @@ async def test_group_members_play_the_same_task_from_the_envs_own_sampler(tmp_pa
     await c.stop()
     tasks: dict[int, set[str]] = {}
     for i in items:
-        assert i.traj.group_id is not None
-        tasks.setdefault(i.traj.group_id, set()).add(i.traj.task_id)
+        assert i.group is not None and i.rows[0].group_id == i.group
+        tasks.setdefault(i.group, set()).add(i.rows[0].task_id)
     assert len(tasks) == 4 and all(len(t) == 1 for t in tasks.values()), f"a group played several tasks: {tasks}"
     assert len({next(iter(t)) for t in tasks.values()}) > 1, "every group played the same task"
     recs = [json.loads(line) for line in (tmp_path / "trajectories.jsonl").read_text().splitlines()]

@@ -58,7 +58,7 @@ async def test_env_sampled_tasks_keep_the_envs_own_id_in_every_record(tmp_path: 
     items = await c.next_batch(4, 0)
     await c.stop()
     # TokenGame names a task by its symbols (e.g. "A-B"), never by the episode's index
-    ids = [i.traj.task_id for i in items]
+    ids = [r.task_id for i in items for r in i.rows]
     assert all(re.fullmatch(r"[AB]-[AB]", t) for t in ids), ids
     on_disk = [json.loads(x) for x in ledger.read_text().splitlines()]
     recorded = [r["trajectory"]["task_id"] for r in on_disk if r.get("type") == "trajectory"]

@@ -59,10 +59,10 @@ async def test_restored_trajectories_of_the_lost_branch_keep_their_true_lag(tmp_
     c.version = 6  # resumed from version 2's checkpoint after versions 3..5 were lost
     c.restore(list(pending.values()), step=2)
     # v1: 1 update behind the checkpoint; v2: none; v3: 1 past the fork; v5: 3 past it, beyond the bound: dropped
-    assert [(i.uid, c.lag(i.traj)) for i in c.buffer] == [("u1", 1), ("u2", 0), ("u3", 1)]
+    assert [(i.uids, c.lag(i)) for i in c.buffer] == [(["u1"], 1), (["u2"], 0), (["u3"], 1)]
     assert c.counters.dropped_stale == 1
     c.version = 7  # one update later every lag grows by one, and the deadlines follow the same numbers
-    assert [c.lag(i.traj) for i in c.buffer] == [c.version - i.start for i in c.buffer] == [2, 1, 2]
+    assert [c.lag(i) for i in c.buffer] == [c.version - i.start for i in c.buffer] == [2, 1, 2]
     led.close()
     acc, _ = replay(tmp_path / "trajectories.jsonl")
     assert (acc.dropped_stale, acc.pending) == (1, 3) and acc.balanced()  # recorded, so the books balance
