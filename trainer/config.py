@@ -100,7 +100,7 @@ class TrainerConfig:
     """Override the algorithm's advantage estimator, e.g. ``gae`` (token-level GAE that steps through observation
     tokens) for the ablation against skip-observation GAE; null = the algorithm's own."""
     batch_size: int = 8
-    """Trajectories per policy step."""
+    """Episodes per policy step (each with all its rows; under GRPO, ``batch_size / group_size`` whole groups)."""
     lr: float = 1e-5
     weight_decay: float = 0.0
     critic_updates_per_step: int = 4
@@ -195,7 +195,7 @@ class RolloutConfig:
     concurrency: int = 4
     """Episodes in flight."""
     buffer_size: int = 16
-    """Finished trajectories waiting for the trainer; a full buffer pauses new episodes (backpressure)."""
+    """Finished episodes waiting for the trainer; a full buffer pauses new episodes (backpressure)."""
     max_tokens: int = 64
     """Max new tokens per action."""
     temperature: float = 1.0
