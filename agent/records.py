@@ -68,11 +68,12 @@ class Trajectory:
     """One episode: its segments in order, the final reward and how it ended.
 
     ``status="infra_error"`` means the infrastructure failed (sandbox, grader, engine); such a trajectory is
-    kept on disk and counted but never trained on. ``reward`` is the episode's total reward: the sum of the
-    per-turn ``Segment.reward`` values plus any part no turn carries (the trainer puts that rest on the last action
-    token). ``info`` holds env info (grading report, truncation reason); ``timings`` holds seconds spent per phase
-    (``engine_s``, ``env_s``, ``total_s``). ``group_id`` names the rollout group (the episodes of one prompt that a
-    grouped algorithm such as GRPO compares with each other); None for a single rollout.
+    kept on disk and counted but never trained on, and has no outcome: it is written with ``"reward": null``
+    (``reward`` is 0.0 in memory, a placeholder nothing trains on). ``reward`` is the episode's total reward: the
+    sum of the per-turn ``Segment.reward`` values plus any part no turn carries (the trainer puts that rest on the
+    last action token). ``info`` holds env info (grading report, truncation reason); ``timings`` holds seconds
+    spent per phase (``engine_s``, ``env_s``, ``total_s``). ``group_id`` names the rollout group (the episodes of
+    one prompt that a grouped algorithm such as GRPO compares with each other); None for a single rollout.
     """
 
     task_id: str
@@ -125,6 +126,8 @@ class Trajectory:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["segments"] = [s.to_dict() for s in self.segments]
+        if self.status == "infra_error":
+            d["reward"] = None  # an outcome nobody gave is never written as a reward
         return d
 
     @classmethod
@@ -133,7 +136,7 @@ class Trajectory:
             task_id=str(d["task_id"]),
             env_id=str(d["env_id"]),
             segments=tuple(Segment.from_dict(s) for s in d["segments"]),
-            reward=float(d["reward"]),
+            reward=_reward(d),
             status=d.get("status", "ok"),
             info=dict(d.get("info") or {}),
             timings=dict(d.get("timings") or {}),
@@ -146,6 +149,15 @@ class Trajectory:
     @classmethod
     def from_json(cls, line: str) -> Trajectory:
         return cls.from_dict(json.loads(line))
+
+
+def _reward(d: dict[str, Any]) -> float:
+    """A record's reward; null only on an infra error (no outcome), read as the placeholder 0.0."""
+    if d["reward"] is None:
+        if d.get("status") != "infra_error":
+            raise ValueError(f"reward null with status {d.get('status', 'ok')!r}: only an infra_error has no outcome")
+        return 0.0
+    return float(d["reward"])
 
 
 def write_jsonl(path: str | Path, trajectories: Iterable[Trajectory], append: bool = True) -> None:

@@ -134,12 +134,12 @@ async def _direct_waves(engine: Any, records: list[Any], c: int, sampling: Any) 
 
     async def episode(rec: Any) -> bool:
         same = True
-        for call in rec.engine_calls:
-            gen = await engine.generate(list(call.prompt_ids), sampling)
+        for prompt, call in zip(rec.engine_prompts(), rec.engine_calls, strict=True):
+            gen = await engine.generate(prompt, sampling)
             same = same and gen.token_ids == call.token_ids
         return same
 
-    await engine.generate(list(records[0].engine_calls[0].prompt_ids), sampling)  # warm-up
+    await engine.generate(next(records[0].engine_prompts()), sampling)  # warm-up
     wall, same = 0.0, True
     for first in range(0, len(records), c):
         t0 = time.perf_counter()

@@ -8,8 +8,12 @@ action ids (``ChatRenderer.render_after_action_messages``, one observation segme
 Any other request (history edited or summarised, an assistant message changed or dropped, other tools) starts a
 new *row* from ``render_prompt`` of its messages and counts a prefix break. Every row is prompt, action,
 (observation, action)*: exactly the ids the engine was given and sampled, so each row trains on what the model
-saw; all rows of an episode share its outcome. Before an extension goes to the engine, its ids are checked to
-start with the row so far (a wrong row is impossible; a failed check starts a new row instead).
+saw; all rows of an episode share its outcome. Before an extension goes to the engine, the row so far is checked
+to be exactly the ids the engine was last given and sampled (kept apart from the row); a failed check starts a new
+row instead, so a row out of step with the engine is never extended.
+
+Memory: a session keeps each row's ids once (its segments), the last prompt, and per engine call its sampled ids
+and logprobs with a digest of its prompt: linear in the episode's tokens, not quadratic in its turns.
 
 The context budget: a prompt that leaves no room for one action token ends the episode (``context_exhausted``,
 the reply is empty with ``finish_reason="length"``, its messages are not appended); an action that fills the
@@ -25,7 +29,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
 import time
+from array import array
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,13 +42,29 @@ from sao.agent.gateway.wire import ChatRequest, normal_message, split_tool_calls
 from sao.agent.records import Segment, Trajectory
 
 
+def ids_digest(ids: Sequence[int]) -> str:
+    """A digest of a token id sequence (what ``EngineCall`` keeps of a prompt instead of the prompt itself)."""
+    return hashlib.blake2b(array("q", ids).tobytes(), digest_size=16).hexdigest()
+
+
+class SessionClosed(LookupError):
+    """The session was closed (or is closing) while this request waited or ran: nothing of it is recorded."""
+
+
+class ClientGone(Exception):
+    """The client went away before its reply was sent: the sampled action is discarded, never recorded."""
+
+
 @dataclass(frozen=True)
 class EngineCall:
-    """The engine's side of one request: the exact prompt ids it got, the ids and logprobs it sampled, the version
-    that sampled them, its finish reason, how many sampled tokens the row kept (fewer only when a stop string ended
-    the action early) and the seconds the call took."""
+    """The engine's side of one request: the length and digest (``ids_digest``) of the exact prompt ids it got,
+    the ids and logprobs it sampled, the version that sampled them, its finish reason, how many sampled tokens the
+    row kept (fewer only when a stop string ended the action early) and the seconds the call took. Not the prompt
+    itself: that would be quadratic in turns (a 200-turn 64k-token session held ~53 MB of prompts); the row holds
+    the ids once, and ``SessionRecord.engine_prompts`` gives each prompt back from it."""
 
-    prompt_ids: tuple[int, ...]
+    prompt_len: int
+    prompt_digest: str
     token_ids: tuple[int, ...]
     logprobs: tuple[float, ...]
     version: int
@@ -57,7 +80,9 @@ class SessionRecord:
     ``rows``: each row is prompt, action, (observation, action)*, exactly what the engine saw. ``calls``: chat
     requests answered. ``messages``: the last request's messages + the last reply. ``engine_calls``: one per engine
     request, in order (``exactness_errors`` compares them with the rows). ``engine_errors``: requests the engine
-    failed (answered 502; an episode with any is an infra error for the harness to mark).
+    failed (answered 502; an episode with any is an infra error for the harness to mark). ``discarded``: actions
+    sampled (or being sampled) for a client that went away or a session that was closed meanwhile: never
+    recorded, since nobody saw them.
     """
 
     session_id: str
@@ -68,19 +93,24 @@ class SessionRecord:
     messages: tuple[dict[str, Any], ...]
     engine_calls: tuple[EngineCall, ...] = ()
     engine_errors: int = 0
+    discarded: int = 0
 
     def trajectories(
-        self, *, task_id: str, env_id: str, reward: float, status: str, info: dict[str, Any]
+        self, *, task_id: str, env_id: str, reward: float | None, status: str, info: dict[str, Any]
     ) -> list[Trajectory]:
         """One Trajectory per row, all with the episode's ``reward`` (on each row's last action segment) and
-        ``status``; ``info`` gains row / rows / prefix_breaks / session_id / calls / context_exhausted. No row
-        (no request reached the engine): an empty list."""
+        ``status``; ``info`` gains row / rows / prefix_breaks / session_id / calls / context_exhausted /
+        discarded. No outcome (``reward`` None or ``status="infra_error"``): no segment carries a reward and the
+        rows are written with ``"reward": null``. No row (no request reached the engine): an empty list."""
         out = []
         engine_s = sum(c.engine_s for c in self.engine_calls)
+        outcome = None if reward is None or status == "infra_error" else float(reward)
+        if outcome is None and status != "infra_error":
+            raise ValueError(f"status {status!r} without a reward: an episode with no outcome is an infra_error")
         for i, row in enumerate(self.rows):
             segments = list(row)
             last = max(j for j, s in enumerate(segments) if s.kind == "action")
-            segments[last] = dataclasses.replace(segments[last], reward=float(reward))
+            segments[last] = dataclasses.replace(segments[last], reward=outcome)
             row_info = {
                 **info,
                 "row": i,
@@ -89,9 +119,11 @@ class SessionRecord:
                 "session_id": self.session_id,
                 "calls": self.calls,
                 "context_exhausted": self.context_exhausted,
+                "discarded": self.discarded,
             }
             timings = {"engine_s": engine_s} if i == 0 else {}
-            out.append(Trajectory(task_id, env_id, tuple(segments), float(reward), status, row_info, timings))  # type: ignore[arg-type]
+            traj = Trajectory(task_id, env_id, tuple(segments), outcome or 0.0, status, row_info, timings)  # type: ignore[arg-type]
+            out.append(traj)
         return out
 
     def exactness_errors(self) -> list[str]:
@@ -111,13 +143,23 @@ class SessionRecord:
         if len(steps) != len(self.engine_calls):
             errors.append(f"{len(steps)} actions in the rows but {len(self.engine_calls)} engine calls")
         for k, ((r, before, seg), call) in enumerate(zip(steps, self.engine_calls, strict=False)):
-            if before != call.prompt_ids:
+            if len(before) != call.prompt_len or ids_digest(before) != call.prompt_digest:
                 errors.append(f"row {r}, action {k}: the row's ids before it differ from the engine's prompt")
             if seg.token_ids != call.token_ids[: call.kept] or seg.logprobs != call.logprobs[: call.kept]:
                 errors.append(f"row {r}, action {k}: ids or logprobs differ from what the engine sampled")
             if seg.policy_version != call.version:
                 errors.append(f"row {r}, action {k}: version {seg.policy_version}, the engine's {call.version}")
         return errors
+
+    def engine_prompts(self) -> Iterator[list[int]]:
+        """The prompt of each engine call in order, from the rows (``exactness_errors`` checks they are the very
+        ids the engine got), one at a time."""
+        for row in self.rows:
+            seen: list[int] = []
+            for seg in row:
+                if seg.kind == "action":
+                    yield list(seen)
+                seen += seg.token_ids
 
 
 @dataclass(frozen=True)
@@ -145,6 +187,8 @@ class GatewayReply:
     finish_reason: str
     prompt_tokens: int
     completion_tokens: int
+    token_ids: tuple[int, ...] = ()
+    logprobs: tuple[float, ...] = ()
 
     def as_message(self) -> dict[str, Any]:
         msg: dict[str, Any] = {"role": "assistant", "content": self.content}
@@ -170,8 +214,9 @@ class GatewaySession:
 
     def __init__(self, session_id: str, engine: Engine, chat: ChatRenderer, limits: SessionLimits) -> None:
         self.session_id, self.engine, self.chat, self.limits = session_id, engine, chat, limits
-        self.prefix_breaks = self.calls = self.engine_errors = 0
-        self.context_exhausted = False
+        self.prefix_breaks = self.calls = self.engine_errors = self.discarded = 0
+        self.context_exhausted = self.closing = self.closed = False
+        self.key = ""  # the unguessable key its gateway serves it under
         self.last_active = time.monotonic()
         self._rows: list[list[Segment]] = []
         self._engine_calls: list[EngineCall] = []
@@ -195,19 +240,32 @@ class GatewaySession:
             messages=self._messages,
             engine_calls=tuple(self._engine_calls),
             engine_errors=self.engine_errors,
+            discarded=self.discarded,
         )
 
-    async def complete(self, req: ChatRequest) -> GatewayReply:
+    async def complete(self, req: ChatRequest, gone: Callable[[], bool] = lambda: False) -> GatewayReply:
         """Answer ``req``; an ``EngineError`` propagates (nothing is recorded; a retry of the same request extends
-        the session as the first try would have)."""
+        the session as the first try would have). ``gone``: whether the client went away; if it did by the time
+        the engine answers, or the session was closed meanwhile (``closed``), the action is discarded (counted in
+        ``discarded``, ``ClientGone`` / ``SessionClosed`` raised); so is one whose call is cancelled."""
         async with self._lock:
+            if self.closing:
+                raise SessionClosed("this session is closed or closing: open a new session")
             self.last_active = time.monotonic()
             try:
-                return await self._complete(req)
+                return await self._complete(req, gone)
+            except asyncio.CancelledError:
+                self.discarded += 1
+                raise
             finally:
                 self.last_active = time.monotonic()
 
-    async def _complete(self, req: ChatRequest) -> GatewayReply:
+    async def wait_idle(self) -> None:
+        """Return once no request is being answered (a close waits here for the one in flight)."""
+        async with self._lock:
+            pass
+
+    async def _complete(self, req: ChatRequest, gone: Callable[[], bool]) -> GatewayReply:
         if self.context_exhausted:
             self.calls += 1
             return GatewayReply("", [], "length", 0, 0)
@@ -226,11 +284,17 @@ class GatewaySession:
             self.engine_errors += 1
             raise
         engine_s = time.perf_counter() - t0
+        if self.closed or gone():
+            self.discarded += 1
+            if self.closed:
+                raise SessionClosed("the session was closed while this request was answered: nothing is recorded")
+            raise ClientGone("the client went away before the reply: the action is discarded")
         kept, text, stopped = self._cut_at_stop(list(gen.token_ids), req.stop)
         action_ids = tuple(gen.token_ids[:kept])
-        self._engine_calls.append(
-            EngineCall(tuple(prompt), gen.token_ids, gen.logprobs, gen.version, gen.finish_reason, kept, engine_s)
+        call = EngineCall(
+            len(prompt), ids_digest(prompt), gen.token_ids, gen.logprobs, gen.version, gen.finish_reason, kept, engine_s
         )
+        self._engine_calls.append(call)
         action = Segment("action", action_ids, gen.logprobs[:kept], gen.version)
         if obs is not None:
             self._rows[-1] += [Segment("observation", obs), action]
@@ -241,7 +305,7 @@ class GatewaySession:
         finish = "tool_calls" if calls else "stop" if stopped else gen.finish_reason
         if len(prompt) + kept >= self.limits.max_context_tokens:
             self.context_exhausted, finish = True, "length"
-        reply = GatewayReply(content, calls, finish, len(prompt), kept)
+        reply = GatewayReply(content, calls, finish, len(prompt), kept, action_ids, gen.logprobs[:kept])
         self._last = _Turn(normal, req.tools, normal_message(reply.as_message()), prompt, action_ids)
         self._messages = (*req.messages, reply.as_message())
         self.calls += 1
@@ -253,10 +317,12 @@ class GatewaySession:
         if last is not None and self._extends(last, req, normal):
             new = template_messages(self.chat, req.messages[len(last.messages) + 1 :])
             obs = tuple(self.chat.render_after_action_messages(list(last.action_ids), new))
-            prompt = last.prompt_ids + last.action_ids + obs
             row = tuple(t for s in self._rows[-1] for t in s.token_ids)
-            if prompt[: len(row)] == row and len(prompt) > len(row):
-                return prompt, obs
+            # The row must end with exactly what the engine was last given and sampled (``_last``, kept apart
+            # from the row): a row out of step with the engine starts a new row rather than train on ids the
+            # model never saw in that order.
+            if obs and row == last.prompt_ids + last.action_ids:
+                return row + obs, obs
         rendered = self.chat.render_prompt(template_messages(self.chat, req.messages, req.tools), list(req.tools))
         return tuple(rendered), None
 

@@ -51,6 +51,11 @@ class TrajectorySink:
         status, info = close.status or "ok", dict(close.info)
         if close.reward is None and status != "infra_error":
             status, info["infra_error"] = "infra_error", "closed without a reward: the episode's outcome is unknown"
+        if record.context_exhausted and status == "ok":
+            # The context budget cut the episode (docs/gateway.md): a truncation, graded by the reward given.
+            status = "truncated"
+            info.setdefault("truncation_reason", "context_length")
+            info.setdefault("graded", True)
         problems = record.exactness_errors()
         if problems:
             status, info["infra_error"], info["exactness_errors"] = (
@@ -61,7 +66,7 @@ class TrajectorySink:
         trajs = record.trajectories(
             task_id=close.task_id or record.session_id,
             env_id=close.env_id,
-            reward=close.reward or 0.0,
+            reward=close.reward,
             status=status,
             info=info,
         )
@@ -90,11 +95,12 @@ async def serve_gateway(gateway: Gateway, sink: TrajectorySink, options: Standal
             await asyncio.sleep(min(1.0, options.idle_s))
             for sid in gateway.idle_sessions(options.idle_s, time.monotonic()):
                 why = f"idle for {options.idle_s:g} s without a close"
-                sink.closed(gateway.close_session(sid), CloseRequest(status="infra_error", info={"infra_error": why}))
+                record = gateway.close_session(sid, why)
+                sink.closed(record, CloseRequest(status="infra_error", info={"infra_error": why}))
     finally:
         for sid in gateway.open_sessions:
             why = "the gateway stopped before the session was closed"
-            sink.closed(gateway.close_session(sid), CloseRequest(status="infra_error", info={"infra_error": why}))
+            sink.closed(gateway.close_session(sid, why), CloseRequest(status="infra_error", info={"infra_error": why}))
         await gateway.stop()
 
 
@@ -120,7 +126,7 @@ async def run_standalone(model_spec: str, options: StandaloneOptions, echo: Call
     sink = TrajectorySink(options.out, echo)
     gateway = Gateway(
         built.engine, built.tokenizer, max_context_tokens=context, max_action_tokens=options.max_action_tokens,
-        temperature=options.temperature, auto_open=True, on_close=sink.closed,
+        temperature=options.temperature, open_over_http=True, on_close=sink.closed,
     )  # fmt: skip
     try:
         serving = asyncio.create_task(serve_gateway(gateway, sink, options))

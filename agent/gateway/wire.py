@@ -14,6 +14,7 @@ it got back (other key order, other spacing) still extends its episode.
 from __future__ import annotations
 
 import json
+import math
 import re
 import time
 import uuid
@@ -77,7 +78,8 @@ class ChatRequest:
 
     ``max_tokens``: the request's own cap (None: the session's); ``parse_tool_calls``: reply with OpenAI
     ``tool_calls`` when the model writes ``<tool_call>`` blocks (the request has tools and ``tool_choice`` is not
-    ``"none"``)."""
+    ``"none"``); ``logprobs``: the reply carries each sampled token's logprob; ``stream``: the reply is sent as
+    server-sent ``chat.completion.chunk`` events (``stream_usage``: with a last chunk holding the usage)."""
 
     messages: tuple[dict[str, Any], ...]
     tools: tuple[dict[str, Any], ...] = ()
@@ -85,6 +87,9 @@ class ChatRequest:
     temperature: float = 1.0
     stop: tuple[str, ...] = ()
     parse_tool_calls: bool = False
+    logprobs: bool = False
+    stream: bool = False
+    stream_usage: bool = False
 
 
 def parse_request(body: Any, *, temperature: float, fixed_temperature: bool) -> ChatRequest:
@@ -95,10 +100,6 @@ def parse_request(body: Any, *, temperature: float, fixed_temperature: bool) -> 
     """
     if not isinstance(body, dict):
         raise RequestError("the request body must be a JSON object with 'messages'", None)
-    if body.get("stream"):
-        raise RequestError(
-            "stream=true is not supported: the gateway answers whole replies; send stream=false", "stream"
-        )
     for name, (harmless, why) in _REFUSED.items():
         value = body.get(name)
         try:
@@ -118,7 +119,48 @@ def parse_request(body: Any, *, temperature: float, fixed_temperature: bool) -> 
         temperature=_temperature(body.get("temperature"), temperature, fixed_temperature),
         stop=_stop(body.get("stop")),
         parse_tool_calls=_tool_choice(body.get("tool_choice")) and bool(body.get("tools")),
+        logprobs=_logprobs(body),
+        stream=_flag(body, "stream"),
+        stream_usage=_stream_usage(body),
     )
+
+
+def read_json(raw: bytes) -> Any:
+    """A request body as JSON (None when empty); ``RequestError`` for what is not strict JSON: invalid UTF-8 or
+    syntax, the NaN / Infinity constants Python's parser accepts, a number too large for a float, a lone surrogate
+    (``"\\ud800"``: no tokenizer can encode it)."""
+    if not raw.strip():
+        return None
+
+    def no_constant(name: str) -> Any:
+        raise RequestError(f"{name} is not JSON: send a finite number or null")
+
+    try:
+        body = json.loads(raw, parse_constant=no_constant)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise RequestError(f"the request body is not JSON ({e}); send a JSON object") from None
+    _check_values(body, "body")
+    return body
+
+
+def _check_values(value: Any, where: str) -> None:
+    """Every string encodable as UTF-8 and every number finite, or ``RequestError`` naming where."""
+    stack = [(value, where)]
+    while stack:
+        v, at = stack.pop()
+        if isinstance(v, str):
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError:
+                raise RequestError(
+                    f"{at}: a lone surrogate (\\ud800-\\udfff) is no text; send valid UTF-16 pairs or UTF-8"
+                ) from None
+        elif isinstance(v, float) and not math.isfinite(v):
+            raise RequestError(f"{at}: {v} is out of range; send a finite number") from None
+        elif isinstance(v, dict):
+            stack += [(x, f"{at}.{k}") for k, x in v.items()] + [(k, f"{at} key {k[:40]!r}") for k in v]
+        elif isinstance(v, list):
+            stack += [(x, f"{at}[{i}]") for i, x in enumerate(v)]
 
 
 def _messages(value: Any) -> tuple[dict[str, Any], ...]:
@@ -135,9 +177,43 @@ def _messages(value: Any) -> tuple[dict[str, Any], ...]:
 def _tools(value: Any) -> tuple[dict[str, Any], ...]:
     if value is None:
         return ()
-    if not isinstance(value, list) or not all(isinstance(t, dict) for t in value):
-        raise RequestError("'tools' must be a list of {type: function, function: {...}} objects", "tools")
+    shape = "'tools' must be a list of {type: function, function: {name, parameters}} objects"
+    if not isinstance(value, list):
+        raise RequestError(shape, "tools")
+    for i, t in enumerate(value):
+        fn = t.get("function") if isinstance(t, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise RequestError(f"{shape}; tools[{i}] is {str(t)[:80]}", "tools")
     return tuple(value)
+
+
+def _flag(body: dict[str, Any], name: str) -> bool:
+    value = body.get(name)
+    if value is not None and not isinstance(value, bool):
+        raise RequestError(f"{name}={value!r} must be true, false or null", name)
+    return bool(value)
+
+
+def _logprobs(body: dict[str, Any]) -> bool:
+    top = body.get("top_logprobs")
+    if top is not None and (isinstance(top, bool) or not isinstance(top, int) or top != 0):
+        raise RequestError(
+            f"top_logprobs={top!r} is refused: the engine reports the sampled token's logprob only; "
+            "leave top_logprobs out (logprobs=true alone is served)",
+            "top_logprobs",
+        )
+    return _flag(body, "logprobs")
+
+
+def _stream_usage(body: dict[str, Any]) -> bool:
+    options = body.get("stream_options")
+    if options is None:
+        return False
+    if not isinstance(options, dict) or not isinstance(options.get("include_usage", False), bool):
+        raise RequestError(
+            f"stream_options={options!r} must be an object like {{'include_usage': true}}", "stream_options"
+        )
+    return bool(options.get("include_usage"))
 
 
 def _tool_choice(value: Any) -> bool:
@@ -168,8 +244,8 @@ def _max_tokens(body: dict[str, Any]) -> int | None:
 def _temperature(value: Any, run_temperature: float, fixed: bool) -> float:
     if value is None:
         return run_temperature
-    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-        raise RequestError(f"temperature={value!r} must be a number >= 0", "temperature")
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
+        raise RequestError(f"temperature={value!r} must be a finite number >= 0", "temperature")
     if fixed and float(value) != run_temperature:
         raise RequestError(
             f"temperature={value!r} differs from the run's temperature {run_temperature}: the learner recomputes "
@@ -220,7 +296,12 @@ def _canonical_arguments(args: Any) -> str:
 def normal_message(m: dict[str, Any], i: int = 0) -> tuple[str, str, tuple[tuple[str, str], ...]]:
     """(role, text, tool calls as (name, canonical arguments)): what makes two messages the same turn."""
     calls = []
-    for c in m.get("tool_calls") or []:
+    listed = m.get("tool_calls")
+    if listed is not None and not isinstance(listed, list):
+        raise RequestError(
+            f"messages[{i}]: 'tool_calls' must be a list of tool calls, got {str(listed)[:80]}", "messages"
+        )
+    for c in listed or []:
         fn = c.get("function") if isinstance(c, dict) else None
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
             raise RequestError(f"messages[{i}]: a tool call needs function.name, got {str(c)[:80]}", "messages")
@@ -281,9 +362,21 @@ def split_tool_calls(text: str) -> tuple[str, list[dict[str, Any]]]:
     return (_BLOCK.sub("", text).strip(), calls) if calls else (text, [])
 
 
+def logprobs_body(tokens: Sequence[str], logprobs: Sequence[float]) -> dict[str, Any]:
+    """A choice's OpenAI ``logprobs``: each sampled token's text and the logprob the engine reported for it (no
+    alternatives: ``top_logprobs`` is refused)."""
+    return {
+        "content": [
+            {"token": t, "logprob": float(lp), "bytes": list(t.encode("utf-8")), "top_logprobs": []}
+            for t, lp in zip(tokens, logprobs, strict=True)
+        ],
+        "refusal": None,
+    }
+
+
 def completion_body(
     *, model: str, content: str, tool_calls: list[dict[str, Any]], finish_reason: str, prompt_tokens: int,
-    completion_tokens: int,
+    completion_tokens: int, logprobs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """An OpenAI ``chat.completion`` object with one choice and the token usage."""
     message: dict[str, Any] = {"role": "assistant", "content": content if content or not tool_calls else None}
@@ -294,13 +387,38 @@ def completion_body(
         "object": "chat.completion",
         "created": int(time.time()),
         "model": model,
-        "choices": [{"index": 0, "message": message, "finish_reason": finish_reason, "logprobs": None}],
+        "choices": [{"index": 0, "message": message, "finish_reason": finish_reason, "logprobs": logprobs}],
         "usage": {
             "prompt_tokens": prompt_tokens,
             "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens,
         },
     }
+
+
+def stream_events(body: dict[str, Any], *, include_usage: bool) -> list[str]:
+    """A whole ``chat.completion`` (``completion_body``) as the server-sent events of a streamed one: OpenAI
+    ``chat.completion.chunk`` objects (the role, the content with its logprobs, the tool calls, the finish reason,
+    the usage when asked), each ``data: {json}`` and a blank line, then ``data: [DONE]``. The action is sampled and
+    recorded whole before the first event, so a streaming client trains like any other."""
+    choice = body["choices"][0]
+    message, logprobs = choice["message"], choice["logprobs"]
+    head = {"id": body["id"], "object": "chat.completion.chunk", "created": body["created"], "model": body["model"]}
+    extra = {"usage": None} if include_usage else {}
+
+    def chunk(delta: dict[str, Any], finish: str | None = None, lp: Any = None) -> dict[str, Any]:
+        return {**head, "choices": [{"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}], **extra}
+
+    chunks = [chunk({"role": "assistant", "content": ""})]
+    if message["content"] or logprobs is not None:
+        chunks.append(chunk({"content": message["content"] or ""}, lp=logprobs))
+    if message.get("tool_calls"):
+        calls = [{"index": i, **c} for i, c in enumerate(message["tool_calls"])]
+        chunks.append(chunk({"tool_calls": calls}))
+    chunks.append(chunk({}, choice["finish_reason"]))
+    if include_usage:
+        chunks.append({**head, "choices": [], "usage": body["usage"]})
+    return [f"data: {json.dumps(c)}\n\n" for c in chunks] + ["data: [DONE]\n\n"]
 
 
 def error_body(message: str, *, kind: str = "invalid_request_error", param: str | None = None) -> dict[str, Any]:

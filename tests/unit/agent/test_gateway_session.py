@@ -178,7 +178,8 @@ async def test_a_malformed_tool_call_comes_back_as_text(tok: Any) -> None:
         ("response_format", {"type": "json_object"}),
         ("tool_choice", "required"),
         ("temperature", 0.7),
-        ("stream", True),
+        ("stream", "yes"),
+        ("top_logprobs", 5),
         ("max_tokens", 0),
     ],
 )
