@@ -556,6 +556,18 @@ class DockerSandbox:
             raise SandboxError(f"a file operation in container {self.id[:12]} did not finish in {timeout:g} s")
         return self._exit_code(exec_id), capper.data()
 
+    async def exec_as_root(self, argv: list[str], timeout: float = 120.0, stdin: bytes = b"") -> tuple[int, str]:
+        """(exit code, output capped at 1 MiB) of ``argv`` run as the container's root, for an env's own trusted
+        steps (the SWE env keeps the base of its repository and takes the graded patch this way), never for a
+        command the agent wrote. Root here keeps only ``CHOWN``: it reads what any user may read and writes what
+        root owns, so what it writes is out of the user's reach. ``stdin`` is fed to it. ``SandboxError`` past
+        ``timeout``."""
+        wrapped = ["sh", "-c", _GATE + '; exec "$@"', "root", *argv]
+        code, out = await run_blocking(self._collect_blocking, wrapped, "0:0", stdin, timeout)
+        if code is None:
+            raise SandboxError(f"the daemon lost the exit status of a root command in container {self.id[:12]}")
+        return code, out.decode("utf-8", errors="replace")
+
     def _exit_code(self, exec_id: str) -> int | None:
         # The stream can close a few ms before the daemon records the exit status.
         for _ in range(200):

@@ -57,21 +57,13 @@ import numpy as np
 from sao.envs.base import Grade, ToolEnv, Turn
 from sao.envs.protocols import Tool
 from sao.envs.swe.grading import PATH, REPO_DIR, GradingInfraError, default_sandbox, grade_patch_async
+from sao.envs.swe.repo_patch import BrokenRepoError, keep_base, take_patch
 from sao.envs.tools.bash import BashTool
 from sao.envs.tools.editor import EditorTool
 from sao.envs.tools.submit import SubmitTool
 from sao.sandboxes.config import SandboxConfig
 from sao.sandboxes.protocols import ImageNotFoundError, Sandbox, SandboxError
 
-PATCH_FILE = "/tmp/sao_model.patch"
-TEST_PATHSPECS = (
-    ":(glob,exclude)**/tests/**",
-    ":(glob,exclude)**/test/**",
-    ":(glob,exclude)**/testing/**",
-    ":(glob,exclude)**/test_*.py",
-    ":(glob,exclude)**/*_test.py",
-    ":(glob,exclude)**/conftest.py",
-)
 OWN_IMAGE_PREFIX = "sao-swe-"
 # Remakes the repo of an image made elsewhere from its tracked files (see the module docstring). $1: base_commit.
 SCRUB_HISTORY = r"""set -eu
@@ -205,6 +197,7 @@ class SWEEnv(ToolEnv):
         self._sandbox = await acquire_sandbox(cfg)  # warm when the episode runner keeps a pool of this image
         if not image.startswith(OWN_IMAGE_PREFIX):
             await self._scrub_history(task["base_commit"])
+        await keep_base(self._sandbox)  # before the agent's first command: the base the patch is taken against
 
     async def _scrub_history(self, base_commit: str) -> None:
         assert self._sandbox is not None
@@ -242,31 +235,27 @@ class SWEEnv(ToolEnv):
 
     # ---- grading -------------------------------------------------------------------------------------------
     async def current_patch(self) -> str:
-        """The repo's changes against ``base_commit`` (new files included, test files excluded), as a patch."""
-        assert self._sandbox is not None and self._task is not None
-        base = shlex.quote(self._task["base_commit"])
-        specs = " ".join(shlex.quote(s) for s in TEST_PATHSPECS)
-        # Through a file, not stdout: a big diff must not hit the exec output cap.
-        cmd = (
-            f"cd {REPO_DIR} && git add -A >/dev/null && "
-            f"(git rev-parse -q --verify {base}^{{commit}} >/dev/null && b={base} || b=HEAD) && "
-            f"git -c core.fileMode=false diff --cached --binary $b -- . {specs} > {PATCH_FILE}"
-        )
-        res = await self._sandbox.exec(cmd, timeout=120)
-        if res.exit_code != 0:
-            raise SandboxError(f"`git diff` failed in the sandbox (exit {res.exit_code}): {res.output[-500:]}")
-        return await self._sandbox.read_file(PATCH_FILE)
+        """The repo's changes against the base kept at setup, taken by a git the agent cannot configure
+        (``sao.envs.swe.repo_patch``); ``BrokenRepoError`` when the agent left nothing it can be taken from."""
+        assert self._sandbox is not None
+        return await take_patch(self._sandbox)
 
     async def _grade_repo(self) -> Grade:
         assert self._task is not None
-        patch = await self.current_patch()
         task = self._graded_task(self._task)
+        iid = task["instance_id"]
+        try:
+            patch = await self.current_patch()
+        except BrokenRepoError as e:  # the policy's doing: a scored failure with its reason, never an infra error
+            report = {"instance_id": iid, "resolved": False, "model_patch": "", "failure": "broken_repo"}
+            return Grade(reward=0.0, solved=False, report={**report, "reason": str(e)})
         try:
             result = await grade_patch_async(task, patch, timeout=self.grade_timeout_s, sandbox=self.sandbox_cfg)
         except GradingInfraError as e:
             raise SandboxError(str(e)) from e
-        report = dict(result.report.get(task["instance_id"], {}))
-        report.update({"instance_id": task["instance_id"], "model_patch": patch, "grading_s": result.seconds})
+        report = dict(result.report.get(iid, {}))
+        report.update({"instance_id": iid, "model_patch": patch, "grading_s": result.seconds})
+        report["dropped_paths"] = list(result.dropped)  # what the patch policy kept from the grader, and why
         report.update(result.extra)  # why the patch's run failed (timeout, memory, disk, ...), when it did
         if self.pass_to_pass_sample is not None:
             report["pass_to_pass_sampled"] = len(task["PASS_TO_PASS"])

@@ -10,13 +10,16 @@ no network, every capability dropped, ``no-new-privileges``, the pids limit, the
 that config, and the patch is applied and the eval script run as its unprivileged user (uid 1000 by default,
 ``HOME`` its own). Root does only the sandbox's own start, before anything of the patch exists in the container:
 it makes ``/testbed`` the user's (the eval script runs git there) and, in images made elsewhere, the conda env
-``testbed`` (``CONDA_ENV``: SWE-bench eval scripts reinstall the package into it). The log goes to a file the daemon
-reads back (no output cap; ``read_limit_bytes`` bounds it). Differences from the harness on purpose: no network
+``testbed`` (``CONDA_ENV``: SWE-bench eval scripts reinstall the package into it). Out of the patch's reach: the
+patch is first cut to source by ``sao.envs.swe.patch_policy`` (what was dropped is in ``GradeResult.dropped``), the
+eval script is root's (written by root before the patch exists, readable and not writable by the user), and the
+log is the run's output stream read by the daemon (``read_limit_bytes`` bounds it), no file the patch could rewrite;
+what the patch's processes print is in it, as in the harness. Differences from the harness on purpose: no network
 (the harness gives bridge networking and SYS_ADMIN) and no root.
 
 Whose failure is it: whatever the patch can cause (the eval run times out, a fork bomb fills the pids limit until
 the timeout, a process is killed for memory, the files written pass the disk bound, the container dies, the log is
-gone or too big, the patch itself is over the disk bound) is an unresolved grade, with ``extra["failure"]`` and
+too big, the patch itself is over the disk bound) is an unresolved grade, with ``extra["failure"]`` and
 ``extra["reason"]`` saying what happened. Only what the patch cannot cause (the daemon unreachable, the image
 missing, the container removed from outside, the sandbox failing before the patch existed in it) raises
 ``GradingInfraError``, so callers can tell "the infrastructure broke" from "the patch is wrong".
@@ -33,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sao.envs.swe.patch_policy import apply_policy
 from sao.sandboxes.backend import make_sandbox
 from sao.sandboxes.config import SandboxConfig
 from sao.sandboxes.protocols import ImageNotFoundError, Sandbox, SandboxDiedError, SandboxError
@@ -44,9 +48,20 @@ PATH = (
     "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 )
 CONDA_ENV = "/opt/miniconda3/envs/testbed"
+# An eval runs one pytest (a few dozen processes at most); 512 leaves room and keeps 32 graders under 16,384 pids.
+GRADER_PIDS = 512
 PATCH_PATH = "/tmp/sao_grade.diff"
-EVAL_PATH = "/tmp/sao_eval.sh"
-LOG_PATH = "/tmp/sao_eval.log"
+GRADER_DIR = "/var/lib/sao-grader"  # root's, mode 0755: the eval script there is readable, never writable, by the patch
+EVAL_PATH = f"{GRADER_DIR}/eval.sh"
+# Root writes the eval script before anything of the patch exists in the container.
+_WRITE_EVAL = f"mkdir -p -m 755 {GRADER_DIR} && cat > {EVAL_PATH} && chmod 644 {EVAL_PATH}"
+# After the eval script, every process the patch left behind (holding the output open) is killed; this shell, the
+# sandbox's wrapper and its `timeout` stay to report the exit status and the memory killer's count.
+_RUN_EVAL = (
+    f"/bin/bash {EVAL_PATH} 2>&1; rc=$?; keep=\" $$ $PPID $(cut -d' ' -f4 /proc/$PPID/stat) \"; "
+    'for d in /proc/[0-9]*; do case "$keep" in *" ${d#/proc/} "*) ;; *) kill -9 "${d#/proc/}" 2>/dev/null;; esac; '
+    "done; exit $rc"
+)
 APPLY_CMDS = (
     f"git apply --verbose {PATCH_PATH}",
     f"git apply --verbose --3way {PATCH_PATH}",
@@ -62,7 +77,8 @@ class GradingInfraError(RuntimeError):
 @dataclass(frozen=True)
 class GradeResult:
     """``extra``: ``{"failure": kind, "reason": text}`` when the patch's run ended badly (kinds: ``timeout``,
-    ``oom``, ``disk_full``, ``sandbox_died``, ``log_missing``, ``log_too_big``, ``patch_too_big``), else empty."""
+    ``oom``, ``disk_full``, ``sandbox_died``, ``log_too_big``, ``patch_too_big``), else empty. ``dropped``: the
+    paths the patch policy kept from the grader, with the reason (``sao.envs.swe.patch_policy``)."""
 
     resolved: bool
     report: dict[str, Any]
@@ -70,16 +86,18 @@ class GradeResult:
     seconds: float = 0.0
     applied: bool = True
     extra: dict[str, Any] = field(default_factory=dict)
+    dropped: tuple[dict[str, str], ...] = ()
 
 
 def default_sandbox() -> SandboxConfig:
     """The limits a SWE episode's sandbox and its grader get unless the env's config says otherwise."""
-    return SandboxConfig(backend="docker", mem_limit="4g", cpus=2.0, pids_limit=1024)
+    return SandboxConfig(backend="docker", mem_limit="4g", cpus=2.0, pids_limit=GRADER_PIDS)
 
 
 def grader_sandbox(cfg: SandboxConfig | None, image: str) -> SandboxConfig:
     """The grader's sandbox: ``cfg``'s limits and user (``default_sandbox()`` when ``None``) on ``image``, with
-    ``/testbed`` as the working directory and the conda env of an official image the user's too."""
+    ``/testbed`` as the working directory and the conda env of an official image the user's too. The eval's output
+    (the log) comes back through the exec's stream, kept whole up to ``read_limit_bytes``."""
     cfg = cfg or default_sandbox()
     if cfg.backend != "docker":
         raise ValueError(f"the SWE grader needs sandbox.backend='docker' (instances are images), got {cfg.backend!r}")
@@ -88,6 +106,7 @@ def grader_sandbox(cfg: SandboxConfig | None, image: str) -> SandboxConfig:
         image=image,
         workdir=REPO_DIR,
         env={"PATH": PATH, **cfg.env},
+        output_cap_bytes=max(cfg.output_cap_bytes, cfg.read_limit_bytes),
         owned_paths=tuple(dict.fromkeys((*cfg.owned_paths, CONDA_ENV))),
     )
 
@@ -129,24 +148,17 @@ def _run_failure(res: Any, timeout: float, cfg: SandboxConfig) -> dict[str, Any]
 
 
 async def _run_eval(sb: Sandbox, timeout: float, cfg: SandboxConfig) -> tuple[str, dict[str, Any]]:
-    """(the log, failure) of the eval script run as the sandbox's user; the log read back by the daemon."""
+    """(the log, failure) of the eval script run as the sandbox's user. The log is the run's output stream, read by
+    the daemon: no file in the container holds it, so nothing of the patch can rewrite it after the run."""
     try:
-        res = await sb.exec(f"/bin/bash {EVAL_PATH} > {LOG_PATH} 2>&1", timeout=timeout)
+        res = await sb.exec(_RUN_EVAL, timeout=timeout)
     except SandboxDiedError as e:
-        res, failure = None, _failure("sandbox_died", f"the grading sandbox died during the eval run: {e}")
-    else:
-        failure = _run_failure(res, timeout, cfg)
-    try:
-        log = await sb.read_file(LOG_PATH)
-    except FileNotFoundError:
-        return "", failure or _failure("log_missing", f"the eval run left no log ({LOG_PATH} is gone)")
-    except OSError as e:
-        if e.errno != errno.EFBIG:
-            raise
-        return "", failure or _failure("log_too_big", f"the eval log is over sandbox.read_limit_bytes: {e}")
-    except SandboxDiedError:  # the container is gone with its log; the eval run's own failure says why
-        return "", failure
-    if res is not None and res.timed_out and ">>>>> End Test Output" not in log:
+        return "", _failure("sandbox_died", f"the grading sandbox died during the eval run: {e}")
+    failure = _run_failure(res, timeout, cfg)
+    if res.truncated and not failure:
+        failure = _failure("log_too_big", f"the eval log is over sandbox.read_limit_bytes ({cfg.read_limit_bytes} B)")
+    log = res.output
+    if res.timed_out and ">>>>> End Test Output" not in log:
         log += f"\n\nTimeout error: {timeout} seconds exceeded."  # what the harness writes on a timeout
     return log, failure
 
@@ -166,10 +178,10 @@ def _report(spec: Any, pred: dict[str, Any], log: str) -> dict[str, Any]:
 async def _grade_in(sb: Sandbox, spec: Any, pred: dict[str, Any], cfg: SandboxConfig, timeout: float) -> GradeResult:
     iid = spec.instance_id
     t0 = time.monotonic()
-    try:  # before the patch is in the container: a refusal here is not the patch's doing
-        await sb.write_file(EVAL_PATH, spec.eval_script)
-    except OSError as e:
-        raise SandboxError(f"could not copy the eval script into the grading sandbox: {e}") from e
+    # before the patch is in the container: a refusal here is not the patch's doing
+    code, out = await sb.exec_as_root(["sh", "-c", _WRITE_EVAL], stdin=spec.eval_script.encode())
+    if code != 0:
+        raise SandboxError(f"could not write the eval script into the grading sandbox (exit {code}): {out[-300:]}")
     applied, apply_log, failure = await _apply(sb, pred["model_patch"])
     if not applied:
         head = {"patch_is_None": False, "patch_exists": True, "patch_successfully_applied": False, "resolved": False}
@@ -193,11 +205,13 @@ async def grade_patch_async(
     validate_instance(instance)
     spec = make_test_spec(instance)
     iid = spec.instance_id
-    pred = {"instance_id": iid, "model_name_or_path": "sao", "model_patch": patch}
-    if not patch.strip():
+    policy = apply_policy(patch)  # only source reaches the grader
+    dropped = tuple(policy.report())
+    pred = {"instance_id": iid, "model_name_or_path": "sao", "model_patch": policy.patch}
+    if not policy.patch.strip():
         # The harness skips empty predictions as unresolved without starting a container; so do we.
         report = {iid: {"patch_is_None": False, "patch_exists": False, "resolved": False, "empty_patch": True}}
-        return GradeResult(False, report, applied=False)
+        return GradeResult(False, report, applied=False, dropped=dropped)
     cfg = grader_sandbox(sandbox, spec.image)
     t0 = time.monotonic()
     try:
@@ -214,7 +228,7 @@ async def grade_patch_async(
     except SandboxDiedError as e:  # while applying: only the patch's doing can stop the container then
         report = {iid: {"patch_is_None": False, "patch_exists": True, "resolved": False}}
         died = _failure("sandbox_died", f"the grading sandbox died: {e}")
-        return GradeResult(False, report, seconds=time.monotonic() - t0, applied=False, extra=died)
+        return GradeResult(False, report, seconds=time.monotonic() - t0, applied=False, extra=died, dropped=dropped)
     except SandboxError as e:
         raise GradingInfraError(f"the grading sandbox of {iid} failed: {e}") from e
     finally:
@@ -222,7 +236,7 @@ async def grade_patch_async(
             await sb.close()
         except SandboxError:  # the verdict stands; a container left behind is reaped with its owner
             pass
-    return dataclasses.replace(result, seconds=time.monotonic() - t0)
+    return dataclasses.replace(result, seconds=time.monotonic() - t0, dropped=dropped)
 
 
 def grade_patch(

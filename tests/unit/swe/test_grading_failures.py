@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 import sao.envs.swe.grading as grading
-from sao.envs.swe.grading import LOG_PATH, GradingInfraError, _apply, _run_eval, grade_patch, grader_sandbox
+from sao.envs.swe.grading import EVAL_PATH, GradingInfraError, _apply, _run_eval, grade_patch, grader_sandbox
 from sao.envs.swe.tasks.instance import eval_script
 from sao.sandboxes.config import SandboxConfig
 from sao.sandboxes.protocols import ExecResult, ImageNotFoundError, SandboxDiedError, SandboxError
@@ -20,12 +20,14 @@ LOG = ">>>>> Start Test Output\nPASSED t.py::test_a\n>>>>> End Test Output\n"
 
 
 class ScriptedSandbox:
-    """Answers ``exec`` with the next of ``results`` (an ``ExecResult`` or an exception to raise) and ``read_file``
-    with ``log`` (text, or an exception to raise); ``write_file`` raises ``write_error`` when given."""
+    """Answers ``exec`` with the next of ``results`` (an ``ExecResult`` or an exception to raise); ``write_file``
+    raises ``write_error`` when given and keeps what it wrote; ``exec_as_root`` exits ``root_exit``."""
 
-    def __init__(self, results: list[Any], log: Any = LOG, write_error: OSError | None = None) -> None:
-        self.results, self.log, self.write_error = list(results), log, write_error
+    def __init__(self, results: list[Any], write_error: OSError | None = None, root_exit: int = 0) -> None:
+        self.results, self.write_error, self.root_exit = list(results), write_error, root_exit
         self.commands: list[str] = []
+        self.written: dict[str, str] = {}
+        self.root_stdin = b""
 
     async def exec(self, cmd: str, timeout: float = 60.0, **_: Any) -> ExecResult:
         self.commands.append(cmd)
@@ -34,15 +36,15 @@ class ScriptedSandbox:
             raise result
         return result  # type: ignore[no-any-return]
 
-    async def read_file(self, path: str) -> str:
-        assert path == LOG_PATH
-        if isinstance(self.log, BaseException):
-            raise self.log
-        return str(self.log)
+    async def exec_as_root(self, argv: list[str], timeout: float = 120.0, stdin: bytes = b"") -> tuple[int, str]:
+        assert EVAL_PATH in argv[-1]
+        self.root_stdin = stdin
+        return self.root_exit, ""
 
     async def write_file(self, path: str, content: str) -> None:
         if self.write_error is not None:
             raise self.write_error
+        self.written[path] = content
 
     async def close(self) -> None:
         self.closed = True
@@ -53,36 +55,46 @@ def run_eval(sb: ScriptedSandbox, timeout: float = 30) -> tuple[str, dict[str, A
 
 
 def test_an_eval_run_that_ends_on_its_own_has_no_failure() -> None:
-    assert run_eval(ScriptedSandbox([ExecResult(0, "")])) == (LOG, {})
-    assert run_eval(ScriptedSandbox([ExecResult(1, "")])) == (LOG, {})  # failing tests are a verdict, not a fault
+    assert run_eval(ScriptedSandbox([ExecResult(0, LOG)])) == (LOG, {})
+    assert run_eval(ScriptedSandbox([ExecResult(1, LOG)])) == (LOG, {})  # failing tests are a verdict, not a fault
 
 
 @pytest.mark.parametrize(
     ("result", "kind", "said"),
     [
-        (ExecResult(124, "", timed_out=True), "timeout", "30 s"),
-        (ExecResult(137, "", oom_killed=True), "oom", "mem_limit"),
-        (ExecResult(137, "", disk_full=True), "disk_full", "disk_limit"),
+        (ExecResult(124, "partial", timed_out=True), "timeout", "30 s"),
+        (ExecResult(137, "partial", oom_killed=True), "oom", "mem_limit"),
+        (ExecResult(137, "partial", disk_full=True), "disk_full", "disk_limit"),
     ],
 )
 def test_what_ended_the_eval_run_is_the_reason(result: ExecResult, kind: str, said: str) -> None:
-    log, failure = run_eval(ScriptedSandbox([result], log="partial"))
+    log, failure = run_eval(ScriptedSandbox([result]))
     assert failure["failure"] == kind and said in failure["reason"]
     assert log.endswith("Timeout error: 30 seconds exceeded.") == (kind == "timeout")  # as the harness writes it
 
 
-def test_a_dying_container_a_missing_or_huge_log_are_the_patchs() -> None:
-    died = run_eval(ScriptedSandbox([SandboxDiedError("status=exited")], log=SandboxDiedError("gone")))
+def test_a_dying_container_or_a_huge_log_are_the_patchs() -> None:
+    died = run_eval(ScriptedSandbox([SandboxDiedError("status=exited")]))
     assert (
         died == ("", {"failure": "sandbox_died", "reason": died[1]["reason"]}) and "status=exited" in died[1]["reason"]
     )
-    missing = run_eval(ScriptedSandbox([ExecResult(0, "")], log=FileNotFoundError(LOG_PATH)))
-    assert missing[1]["failure"] == "log_missing"
-    huge = run_eval(ScriptedSandbox([ExecResult(0, "")], log=OSError(errno.EFBIG, "over read_limit_bytes")))
-    assert huge[1]["failure"] == "log_too_big"
-    # a timeout and its lost log: the timeout is the reason
-    both = run_eval(ScriptedSandbox([ExecResult(124, "", timed_out=True)], log=FileNotFoundError(LOG_PATH)))
+    huge = run_eval(ScriptedSandbox([ExecResult(0, LOG, truncated=True)]))
+    assert huge[1]["failure"] == "log_too_big" and "read_limit_bytes" in huge[1]["reason"]
+    # a timeout and its cut log: the timeout is the reason
+    both = run_eval(ScriptedSandbox([ExecResult(124, "", timed_out=True, truncated=True)]))
     assert both[1]["failure"] == "timeout"
+
+
+def test_the_log_is_the_runs_output_and_the_eval_script_roots() -> None:
+    """No file of the grader is the patch's: the log comes back on the exec's stream (nothing to rewrite after the
+    run) and the eval script is written by root before the patch is applied."""
+    sb, spec = ScriptedSandbox([ExecResult(0, ""), ExecResult(0, LOG)]), _spec()
+    pred = {"model_patch": PATCH, "instance_id": "pkg-1"}
+    graded = asyncio.run(grading._grade_in(sb, spec, pred, CFG, 30))  # type: ignore[arg-type]
+    assert graded.resolved and graded.log == LOG
+    assert sb.root_stdin == spec.eval_script.encode() and list(sb.written) == [grading.PATCH_PATH]
+    assert sb.commands[-1].startswith(f"/bin/bash {EVAL_PATH} 2>&1;")  # no redirection into a file
+    assert grader_sandbox(CFG, "img").output_cap_bytes == CFG.read_limit_bytes
 
 
 def test_a_patch_over_the_disk_bound_is_not_applied_and_says_why() -> None:
@@ -117,7 +129,17 @@ TASK = {
     "log_parser": "parse_log_pytest",
     "eval_type": "pass_and_fail",
 }
-PATCH = "diff --git a/x b/x\n"
+PATCH = "diff --git a/x.py b/x.py\nindex 1111111..2222222 100644\n--- a/x.py\n+++ b/x.py\n@@ -1 +1 @@\n-a\n+b\n"
+CONFTEST = (
+    "diff --git a/conftest.py b/conftest.py\nnew file mode 100644\n--- /dev/null\n+++ b/conftest.py\n"
+    "@@ -0,0 +1 @@\n+x\n"
+)
+
+
+def _spec() -> Any:
+    from swebench.harness.utils import make_test_spec
+
+    return make_test_spec(TASK)
 
 
 def graded_by(monkeypatch: pytest.MonkeyPatch, sb: Any) -> Any:
@@ -131,10 +153,10 @@ def graded_by(monkeypatch: pytest.MonkeyPatch, sb: Any) -> Any:
 
 
 def test_a_fault_of_the_patchs_run_is_an_unresolved_grade_never_an_exception(monkeypatch: pytest.MonkeyPatch) -> None:
-    ok = ExecResult(0, "")
+    ok = ExecResult(0, LOG)
     resolved = graded_by(monkeypatch, ScriptedSandbox([ok, ok]))
     assert resolved.resolved and resolved.extra == {}
-    sb = ScriptedSandbox([ok, ExecResult(124, "", timed_out=True)])
+    sb = ScriptedSandbox([ok, ExecResult(124, LOG, timed_out=True)])
     timed_out = graded_by(monkeypatch, sb)  # the log says the test passed, but the run never ended
     assert not timed_out.resolved and timed_out.extra["failure"] == "timeout" and sb.closed
     died = graded_by(monkeypatch, ScriptedSandbox([SandboxDiedError("exited")]))  # while the patch was applied
@@ -148,9 +170,26 @@ def test_a_fault_of_the_patchs_run_is_an_unresolved_grade_never_an_exception(mon
         SandboxError("the daemon cannot be reached"),
         ScriptedSandbox([SandboxError("container removed")]),
         ScriptedSandbox([ExecResult(0, ""), SandboxError("container removed")]),
-        ScriptedSandbox([], write_error=OSError(errno.EIO, "the eval script could not be written")),
+        ScriptedSandbox([], root_exit=1),  # root could not write the eval script
     ],
 )
 def test_a_fault_of_the_infrastructure_is_a_grading_infra_error(monkeypatch: pytest.MonkeyPatch, fault: Any) -> None:
     with pytest.raises(GradingInfraError):
         graded_by(monkeypatch, fault)
+
+
+def test_only_what_the_policy_keeps_reaches_the_grader(monkeypatch: pytest.MonkeyPatch) -> None:
+    ok = ExecResult(0, LOG)
+    sb = ScriptedSandbox([ok, ok])
+
+    async def make(cfg: SandboxConfig) -> Any:
+        return sb
+
+    monkeypatch.setattr(grading, "make_sandbox", make)
+    graded = grade_patch(TASK, CONFTEST + PATCH, timeout=30, sandbox=CFG)
+    assert sb.written[grading.PATCH_PATH] == PATCH
+    assert [d["path"] for d in graded.dropped] == ["conftest.py"] and graded.dropped[0]["kind"] == "conftest"
+    # nothing left: unresolved without a container, and the report still says what was dropped
+    monkeypatch.setattr(grading, "make_sandbox", None)
+    only = grade_patch(TASK, CONFTEST, timeout=30, sandbox=CFG)
+    assert not only.resolved and not only.applied and only.dropped == graded.dropped
