@@ -49,7 +49,7 @@ from sao.trainer.config import Config, ConfigError
 from sao.trainer.learn.batch import Batch, collate, micro_batch_rows, shard_batch, shard_like, token_scale
 from sao.trainer.learn.deepspeed_engine import full_grad_norm, grad_accum_steps, make_engine, mark_boundary, plain_grads
 from sao.trainer.learn.models import shifted_values
-from sao.trainer.learn.targets import gae_inputs, value_after, value_targets
+from sao.trainer.learn.targets import critic_mask, critic_returns, gae_inputs, value_after, value_targets
 from sao.trainer.learn.token_records import RowTokens, TokenProbe
 
 # Rows of the LM head computed at a time for logprobs: 1,024 x V float32 is 200 MB at SmolLM2's 49k vocabulary,
@@ -219,7 +219,7 @@ class Learner:
         skipped). ``bad_rows`` (no trainable reward) stay out of the group and running-mean baselines."""
         if values is None:
             return None
-        value_masks = [b.response_mask if self.adv_traits.token_level else b.action_mask for b in micro]
+        value_masks = [b.response_mask if self.adv_traits.token_level else critic_mask(b) for b in micro]
         rets: list[torch.Tensor] = []
         if self.adv_traits.needs_values:
             pairs = [self._gae(b, v, after) for b, v, after in zip(micro, values.values, values.after, strict=True)]
@@ -285,7 +285,8 @@ class Learner:
             ret = value_targets(self.adv_fn, b, values, after, t.gamma, t.critic_lam)
         if t.length_adaptive_lambda:
             adv, _ = advantages_per_row_lambda(self.adv_fn, inputs, row_lambdas(b.action_mask, t.lambda_alpha))
-        return adv, ret
+        # the state after each turn's action is a critic target too (``critic_mask``): what a cut bootstraps from
+        return adv, ret if self.adv_traits.token_level else critic_returns(b, ret, after)
 
     def _policy_steps(
         self, micro: list[Batch], advs: list[torch.Tensor], probe: TokenProbe | None = None

@@ -5,6 +5,13 @@ ending the policy caused) takes V = 0 after its last action token; only a cut no
 critic's value of the state after the row's last token (its output at the last action token, or at the last
 observation token when one follows the last action). The learner and value pretraining both build their inputs
 here, so the critic is pretrained on the targets RL then trains it on.
+
+Both states a bootstrap reads are states the critic loss trains (``critic_mask``, ``critic_returns``): the state
+before an action (the output at the token before each action token: every action token's shifted value) and the
+state after a turn's action (the output at its last action token: the shifted value at the first token after the
+action run), whose target is the return of the row's next action token, or the value after the row when no action
+follows (0 where the return is complete). So a cut after an action reads a kind of output every turn of every row
+trains, not one no loss ever reached.
 """
 
 from __future__ import annotations
@@ -22,6 +29,35 @@ def value_after(raw_values: torch.Tensor, b: Batch) -> torch.Tensor:
     last = (b.attention_mask.sum(dim=1) - 1).clamp(min=0).to(raw_values.device)
     v = raw_values.detach().gather(1, last[:, None]).squeeze(1)
     return torch.where(b.bootstrap.to(v.device), v, torch.zeros_like(v))
+
+
+def after_action(b: Batch) -> torch.Tensor:
+    """``[B, T]`` bool: the first token after each run of action tokens, where the shifted critic value is the output
+    at the turn's last action token (the state after the action)."""
+    a = b.action_mask
+    out = torch.zeros_like(a)
+    out[:, 1:] = a[:, :-1] & ~a[:, 1:] & b.attention_mask[:, 1:].bool()
+    return out
+
+
+def critic_mask(b: Batch) -> torch.Tensor:
+    """``[B, T]`` bool: the shifted values the critic loss trains: every action token (the state before it) and the
+    state after each turn's action (``after_action``)."""
+    return b.action_mask | after_action(b)
+
+
+def critic_returns(b: Batch, returns: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
+    """``returns`` (``[B, T]``, the estimator's, on action tokens) with the after-action positions filled: the
+    return of the row's next action token (the first of the next turn), or ``after`` (``value_after``: 0 where the
+    return is complete) where no action follows. Observations carry no reward and skip-observation GAE steps over
+    them, so the value after an action is the value before the next one."""
+    a = b.action_mask
+    width = a.shape[1]
+    pos = torch.arange(width, device=a.device).expand_as(a)
+    # the index of the first action token at or after each position (``width``: none)
+    nxt = torch.flip(torch.cummin(torch.flip(torch.where(a, pos, width), [1]), dim=1).values, [1])
+    padded = torch.cat([returns, after.to(returns)[:, None]], dim=1)
+    return torch.where(after_action(b), padded.gather(1, nxt), returns)
 
 
 def gae_inputs(b: Batch, values: torch.Tensor, after: torch.Tensor, gamma: float, lam: float) -> AdvantageInputs:

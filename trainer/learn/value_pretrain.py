@@ -28,7 +28,7 @@ from sao.trainer.learn.batch import Batch, collate, shard_batch, token_scale
 from sao.trainer.learn.deepspeed_engine import grad_accum_steps, make_engine
 from sao.trainer.learn.learner import critic_step
 from sao.trainer.learn.models import shifted_values
-from sao.trainer.learn.targets import value_after, value_targets
+from sao.trainer.learn.targets import critic_mask, critic_returns, value_after, value_targets
 
 
 def read_rollouts(path: str | Path) -> list[Trajectory]:
@@ -115,7 +115,7 @@ def _returns(critic: Any, full: Batch, micro: list[Batch], cfg: Config, lam: flo
             after = value_after(raw, b)
             if lam < 1.0:
                 values = shifted_values(raw).detach().float()
-        out.append(value_targets(fn, b, values, after, cfg.trainer.gamma, lam))
+        out.append(critic_returns(b, value_targets(fn, b, values, after, cfg.trainer.gamma, lam), after))
     return out
 
 
@@ -137,7 +137,7 @@ def held_out_ev(critic: Any, held: list[Trajectory], cfg: Config, pad_id: int, c
         micro = shard_batch(full, cfg.deepspeed)
         vals = [shifted_values(critic(b.input_ids, b.attention_mask, b.position_ids)) for b in micro]
         rets = _returns(critic, full, micro, cfg)
-        for i, x in enumerate(explained_variance_sums(vals, rets, [b.action_mask for b in micro])):
+        for i, x in enumerate(explained_variance_sums(vals, rets, [critic_mask(b) for b in micro])):
             parts[i] += x
     return explained_variance_from_sums(dist_utils.all_reduce_sum(parts) if collective else parts)
 
@@ -179,7 +179,7 @@ def fit_critic(
         for batch in _batches(fit, order, bs):
             full = collate(batch, pad_id)
             micro = shard_batch(full, cfg.deepspeed)
-            masks = [b.action_mask for b in micro]
+            masks = [critic_mask(b) for b in micro]
             rets = _returns(critic, full, micro, cfg, lam)
             n_total, scale = token_scale(masks, grad_accum)
             values: list[torch.Tensor] = []

@@ -16,14 +16,15 @@ from sao.agent.loop import AgentConfig, run_episode
 from sao.agent.records import Segment, Trajectory
 from sao.envs.base import Grade, MultiTurnEnv, Turn
 from sao.trainer.algos.advantages import gae, skip_observation_gae
+from sao.trainer.algos.losses import value_loss
 from sao.trainer.algos.reference import skip_observation_gae_loop
-from sao.trainer.algos.registry import AdvantageInputs, get_advantage
+from sao.trainer.algos.registry import AdvantageInputs, advantage_traits, get_advantage
 from sao.trainer.config import load_config
 from sao.trainer.learn import value_pretrain
 from sao.trainer.learn.batch import Batch, collate
 from sao.trainer.learn.learner import Learner
 from sao.trainer.learn.models import shifted_values
-from sao.trainer.learn.targets import gae_inputs, value_after
+from sao.trainer.learn.targets import critic_mask, critic_returns, gae_inputs, value_after
 from tests.unit.agent.agent_fakes import CharChatMLTokenizer
 
 CONFIGS = Path(__file__).resolve().parents[3] / "configs"
@@ -37,6 +38,7 @@ ENDS_ON_ACTION = (
 # ... then an observation after the last action (the agent's turn cap): the row ends on token 8
 ENDS_ON_OBSERVATION = (*ENDS_ON_ACTION, Segment("observation", (8, 9)))
 LAST_ACTION = 6
+SKIP_OBS = advantage_traits("skip_obs_gae")
 
 
 def cut(reward: float, graded: bool | None, reason: str = "step_limit", segs: Any = ENDS_ON_ACTION) -> Trajectory:
@@ -160,7 +162,7 @@ def test_value_pretraining_and_rl_give_the_critic_the_same_targets() -> None:
     b = collate(trajs, 0)
     critic = lambda ids, mask, pos: raw_critic(b)  # noqa: E731 - the critic's forward, as the engines are called
     (pretrain,) = value_pretrain._returns(critic, b, [b], cfg)
-    stub = SimpleNamespace(cfg=cfg, adv_fn=get_advantage(cfg.advantage_estimator))
+    stub = SimpleNamespace(cfg=cfg, adv_fn=get_advantage(cfg.advantage_estimator), adv_traits=SKIP_OBS)
     raw = raw_critic(b)
     values = torch.where(b.response_mask, shifted_values(raw), 0.0)
     _, rl = Learner._gae(stub, b, values, value_after(raw, b))  # type: ignore[arg-type]
@@ -177,7 +179,7 @@ def test_a_value_fit_at_lambda_below_one_gives_the_targets_rl_gives_at_that_crit
     critic = lambda ids, mask, pos: raw_critic(b)  # noqa: E731
     (fit,) = value_pretrain._returns(critic, b, [b], cfg, lam=0.5)
     (mc,) = value_pretrain._returns(critic, b, [b], cfg)
-    stub = SimpleNamespace(cfg=cfg, adv_fn=get_advantage(cfg.advantage_estimator))
+    stub = SimpleNamespace(cfg=cfg, adv_fn=get_advantage(cfg.advantage_estimator), adv_traits=SKIP_OBS)
     raw = raw_critic(b)
     _, rl = Learner._gae(stub, b, torch.where(b.response_mask, shifted_values(raw), 0.0), value_after(raw, b))  # type: ignore[arg-type]
     m = b.action_mask
@@ -219,3 +221,41 @@ def test_token_gae_and_the_registry_entries_read_the_bootstrap_values() -> None:
 def test_a_wrongly_shaped_bootstrap_is_refused() -> None:
     with pytest.raises(ValueError, match="bootstrap_values must be"):
         skip_observation_gae(REWARDS, VALUES, MASK, 1.0, 1.0, bootstrap_values=torch.tensor([0.1, 0.2]))
+
+
+def test_the_state_an_ungraded_cut_bootstraps_from_is_a_critic_target() -> None:
+    # issue 44: value_after read the critic's output at the row's last token, and every critic loss trained only the
+    # shifted values on action tokens (the output at the token before each action), so the output after an action
+    # was never a target. Row 0 is cut after its first action; row 1 is the same turn with the episode going on.
+    cut_early = Trajectory("t", "e", ENDS_ON_ACTION[:2], 0.0, "truncated", {"graded": False})
+    longer = Trajectory("t", "e", ENDS_ON_ACTION, 1.0, "ok")
+    b = collate([cut_early, longer], 0)
+    raw = raw_critic(b).requires_grad_(True)
+    after = value_after(raw, b)
+    assert after[0] == raw[0, 3]  # the cut bootstraps from the output at its last action token (3)
+    values = shifted_values(raw)
+    adv_fn = get_advantage("skip_obs_gae")
+    _, ret = adv_fn(gae_inputs(b, values.detach(), after.detach(), 1.0, 1.0))
+    targets_ = critic_returns(b, ret, after.detach())
+    mask = critic_mask(b)
+    assert mask[1, 4] and targets_[1, 4] == ret[1, 5] == pytest.approx(1.0)  # after turn 1's action: turn 2's return
+    loss, _ = value_loss(values, values.detach(), targets_, mask, None)
+    loss.backward()
+    assert raw.grad is not None and raw.grad[1, 3] != 0, "the output after an action is no critic target"
+
+
+def test_value_pretraining_trains_the_state_after_each_action_as_rl_does() -> None:
+    cfg = load_config(CONFIGS / "toy.yaml", ["trainer.gamma=1.0", "trainer.critic_lam=1.0"])
+    trajs = [cut(0.5, False), cut(0.5, False, segs=ENDS_ON_OBSERVATION), Trajectory("t", "e", ENDS_ON_ACTION, 1.0)]
+    b = collate(trajs, 0)
+    critic = lambda ids, mask, pos: raw_critic(b)  # noqa: E731
+    (pretrain,) = value_pretrain._returns(critic, b, [b], cfg)
+    stub = SimpleNamespace(cfg=cfg, adv_fn=get_advantage(cfg.advantage_estimator), adv_traits=SKIP_OBS)
+    raw = raw_critic(b)
+    _, rl = Learner._gae(stub, b, torch.where(b.response_mask, shifted_values(raw), 0.0), value_after(raw, b))  # type: ignore[arg-type]
+    m = critic_mask(b)
+    assert m[:, 4].all() and torch.allclose(pretrain[m], rl[m], atol=1e-6)
+    # after the first action (token 4): the return of the second turn; after the last action of the row that ends
+    # on an observation (token 7, after action token 6): the value after the row, what it bootstraps from
+    assert pretrain[2, 4].item() == pytest.approx(1.0) and pretrain[0, 4].item() == pytest.approx(pretrain[0, 5].item())
+    assert m[1, LAST_ACTION + 1] and pretrain[1, LAST_ACTION + 1].item() == pytest.approx(value_after(raw, b)[1].item())
