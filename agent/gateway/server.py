@@ -197,6 +197,7 @@ class Gateway:
         (``SessionRecord.discarded``; the client gets 410). ``aclose_session`` waits for it instead."""
         session = self._open(session_id)
         del self._sessions[session_id], self._keys[session.key]
+        session.discarded += int(session.busy)  # the call in flight will not be recorded
         session.closing = session.closed = True
         for name in (session_id, session.key):
             self._ended[name] = why

@@ -255,7 +255,7 @@ class GatewaySession:
             try:
                 return await self._complete(req, gone)
             except asyncio.CancelledError:
-                self.discarded += 1
+                self.discarded += int(not self.closed)  # a close counts the call it cut short itself
                 raise
             finally:
                 self.last_active = time.monotonic()
@@ -284,10 +284,10 @@ class GatewaySession:
             self.engine_errors += 1
             raise
         engine_s = time.perf_counter() - t0
-        if self.closed or gone():
+        if self.closed:
+            raise SessionClosed("the session was closed while this request was answered: nothing is recorded")
+        if gone():
             self.discarded += 1
-            if self.closed:
-                raise SessionClosed("the session was closed while this request was answered: nothing is recorded")
             raise ClientGone("the client went away before the reply: the action is discarded")
         kept, text, stopped = self._cut_at_stop(list(gen.token_ids), req.stop)
         action_ids = tuple(gen.token_ids[:kept])
