@@ -240,7 +240,8 @@ class EnvConfig:
     kwargs: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments for ``gymnasium.make``."""
     tasks: str | None = None
-    """A JSONL file of tasks, ``arithmetic`` (generated easy arithmetic tasks), or null (the env's own)."""
+    """A JSONL file of tasks, ``arithmetic`` (generated easy arithmetic tasks), ``arithmetic_chain`` (levels 1-4 of
+    chained tool calls; ``arithmetic_chain:1,2,3,3,4`` for a level mix), or null (the env's own)."""
     num_tasks: int = 1000
 
 
@@ -332,8 +333,9 @@ class EvalConfig:
     n: int = 32
     """Held-out episodes (one per task)."""
     seed: int = 1000
-    """Held-out tasks are ``arithmetic`` tasks drawn with this seed (plus ``run.seed``); any task whose problem is
-    also a training task is skipped."""
+    """Held-out tasks are ``arithmetic`` tasks (``arithmetic_chain``, every level in turn, for a chain source) drawn
+    with this seed alone (the same set for every ``run.seed``); any task whose problem is also a training task is
+    skipped."""
     temperature: float = 1.0
     """Sampling temperature of the evaluated policy (0 = greedy)."""
     concurrency: int = 16

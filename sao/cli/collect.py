@@ -177,7 +177,10 @@ def collect_cmd(
     out: Annotated[Path, typer.Option("--out", help="output folder (rerun to resume)")],
     env_kwargs: Annotated[str, typer.Option("--env-kwargs", help="JSON object of env constructor kwargs")] = "{}",
     tasks: Annotated[
-        str | None, typer.Option("--tasks", help="task records: arithmetic, aime25, a JSONL/parquet file, a hub id")
+        str | None,
+        typer.Option(
+            "--tasks", help="task records: arithmetic, arithmetic_chain, aime25, a JSONL/parquet file, a hub id"
+        ),
     ] = None,
     concurrency: Annotated[int, typer.Option("--concurrency", help="episodes in flight")] = 4,
     seed: Annotated[int, typer.Option("--seed", help="episode i is reset with seed + i")] = 0,

@@ -18,4 +18,6 @@ def load_env_tasks(cfg: Config) -> list[dict[str, Any]] | None:
     try:
         return load_tasks(src, num_generated=cfg.env.num_tasks, seed=cfg.run.seed)
     except (ValueError, FileNotFoundError) as e:
-        raise ConfigError(f"env.tasks: {e}; or 'arithmetic', or null for the env's own tasks") from e
+        raise ConfigError(
+            f"env.tasks: {e}; or 'arithmetic', 'arithmetic_chain', or null for the env's own tasks"
+        ) from e
