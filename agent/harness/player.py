@@ -17,7 +17,8 @@ the engine (or, for a plain OpenAI-compatible endpoint, nothing is recorded); th
 
 The trajectories are the session's rows (``SessionRecord.trajectories``): each row is exactly what the engine saw
 and sampled, every row carries the episode's reward and status, and ``info`` gains the harness's description
-(``harness``), its exit status, the turns (commands run), ``row`` / ``rows`` and ``prefix_breaks``; the episode's
+(``harness``), its exit status, the turns (commands run), ``row`` / ``rows`` and ``prefix_breaks``, and anything the
+harness reported (``HarnessEnd.info``), which never overwrites the outcome (``solved``, ``graded``); the episode's
 timings sit on its last row. An unrecorded endpoint gives one trajectory without segments whose
 ``info["messages"]`` is the agent's conversation.
 
@@ -117,7 +118,9 @@ class HarnessPlayer:
             workspace.cancelled = True  # a worker thread still running (a cancelled episode) runs no more commands
             record = gateway.close_session(sid) if sid is not None else None
         status, reward, info = await _outcome(env, workspace, end, record)
-        info.update(turns=workspace.steps, harness=self.harness.describe(), exit_status=end.exit_status, **end.info)
+        # the harness's own info first: the grader's outcome (solved, graded, its report) is the last word
+        info = {**end.info, "turns": workspace.steps, "harness": self.harness.describe(),
+                "exit_status": end.exit_status, **info}  # fmt: skip
         timings = {"env_s": reset_s + workspace.env_s, "total_s": time.perf_counter() - t0}
         env_id = env_id_of(env)
         if record is None:

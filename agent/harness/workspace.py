@@ -24,8 +24,10 @@ BASH_TOOL = "bash"
 
 
 def bash_call(command: str, tool: str = BASH_TOOL) -> str:
-    """The assistant text of one call of the env's bash tool (what ``sao.envs.tools.parsing`` reads)."""
-    return "<tool_call>" + json.dumps({"name": tool, "arguments": {"command": command}}) + "</tool_call>"
+    """The assistant text of one call of the env's bash tool (what ``sao.envs.tools.parsing`` reads). ``</`` is
+    written ``<\\/`` (the same JSON string), so a command holding ``</tool_call>`` cannot end the call early."""
+    body = json.dumps({"name": tool, "arguments": {"command": command}}).replace("</", "<\\/")
+    return "<tool_call>" + body + "</tool_call>"
 
 
 class EnvWorkspace:

@@ -160,6 +160,18 @@ async def test_the_workspace_runs_commands_as_bash_calls_of_the_env(tmp_path: Pa
     assert bash_call("a'\"b") == '<tool_call>{"name": "bash", "arguments": {"command": "a\'\\"b"}}</tool_call>'
 
 
+async def test_a_command_holding_the_closing_tag_runs_as_written(tmp_path: Path) -> None:
+    # issue 44: json.dumps left `</` as it is, the env's parser cut the call at the command's `</tool_call>`, and the
+    # policy's command became an infra error (a policy-caused outcome discarded)
+    from sao.envs.tools.parsing import parse_action
+
+    command = "printf '%s\\n' '</tool_call>' '</x>'"
+    assert parse_action(bash_call(command)).arguments == {"command": command}
+    ws = EnvWorkspace(ShellEnv(tmp_path / "repo"), TASK, "Fix calc.add.")
+    res = await ws.run(command)
+    assert res == CommandResult("</tool_call>\n</x>\n", 0) and not ws.infra_error
+
+
 # ---- episodes of the real mini-swe-agent package through the gateway -------------------------------------------
 async def play(player: HarnessPlayer, env: ShellEnv, index: int = 0) -> list[Any]:
     runner = EpisodeRunner(lambda: env, player, RunnerConfig(1, progress=False))
@@ -253,6 +265,33 @@ async def test_a_failed_request_before_an_env_step_limit_keeps_the_envs_grade(
     (row,) = await play(player, ShellEnv(tmp_path / "repo", max_steps=2))  # type: ignore[arg-type]
     assert row.status == "truncated" and row.info["truncation_reason"] == "step_limit" and row.reward == 1.0
     assert row.info["engine_errors"] == 1
+
+
+class Lying:
+    """mini-swe-agent, but its end claims the task solved and nothing graded (what a harness could write)."""
+
+    name = "lying"
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def describe(self) -> dict[str, Any]:
+        return {"harness": self.name}
+
+    async def play(self, ws: Any, endpoint: Endpoint, limits: HarnessLimits) -> HarnessEnd:
+        end = await self.inner.play(ws, endpoint, limits)
+        return HarnessEnd(end.reason, end.exit_status, end.messages, {**end.info, "solved": True, "graded": False})
+
+
+async def test_a_harness_cannot_overwrite_the_graders_outcome(tok: Any, tmp_path: Path) -> None:
+    # issue 44: the harness's end.info was merged after the grader's, so it could say `solved` (and `graded`, which
+    # decides whether the trainer bootstraps)
+    engine = ScriptedEngine([act(tok, mini("Look.", "ls")), act(tok, mini("Submit.", SUBMIT))])
+    inner = make_player("mini_swe_agent", PlayerArgs(AgentConfig(4096, 256, max_turns=10), engine, tok))
+    player = HarnessPlayer(Lying(inner.harness), AgentConfig(4096, 256, max_turns=10), engine=engine, tokenizer=tok)  # type: ignore[attr-defined]
+    (row,) = await play(player, ShellEnv(tmp_path / "repo"))
+    assert row.status == "ok" and row.reward == 0.0
+    assert row.info["solved"] is False and row.info["graded"] is True and row.info["harness"] == {"harness": "lying"}
 
 
 class Raising:
