@@ -7,7 +7,7 @@ from types import FrameType
 
 import typer
 
-from sao.cli import bench, collect, envs_cmd, eval_cmd, export, serve, sft, tasks, train
+from sao.cli import bench, collect, envs_cmd, eval_cmd, export, serve, sft, tasks, train, view
 
 app = typer.Typer(
     name="sao",
@@ -25,6 +25,7 @@ app.add_typer(tasks.app, name="tasks", help="Build offline SWE-bench-format task
 app.add_typer(bench.app, name="bench", help="Benchmarks: algos, sandbox, engine, throughput, learning.")
 app.add_typer(export.app, name="export", help="Export a run's trajectories: ATIF, token ids and logprobs included.")
 serve.register(app)
+view.register(app)
 
 
 EXIT_SIGTERM = 128 + signal.SIGTERM

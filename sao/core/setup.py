@@ -1,7 +1,8 @@
-"""Idempotent machine setup steps (Docker engine, offline base image, SmolLM2, DeepSpeed ops): the only code that
-installs. Run as ``python -m sao.core.setup [docker|image|model|ds-ops|all]`` (``bash scripts/setup.sh`` runs them
-all); the test fixtures and ``sao tasks build`` call the same functions. Runtime code never imports this module: what
-it lacks (a daemon, the base image) is an error naming the step here that makes it.
+"""Idempotent machine setup steps (Docker engine, offline base image, SmolLM2, DeepSpeed ops, the browser the tests
+drive): the only code that installs. Run as ``python -m sao.core.setup [docker|image|bwrap|browser|model|ds-ops|all]``
+(``bash scripts/setup.sh`` runs them all); the test fixtures and ``sao tasks build`` call the same functions. Runtime
+code never imports this module: what it lacks (a daemon, the base image) is an error naming the step here that makes
+it.
 
 Every step checks what already exists first, keeps its products in the cache folder (``$SAO_CACHE``), and on a
 step that cannot work stops with a ``SetupError`` naming the step and what to do.
@@ -255,10 +256,23 @@ def ensure_bwrap() -> None:
         _apt_install(["bubblewrap"], "bwrap")
 
 
+BROWSER = "chromium"
+BROWSER_DRIVER = "chromedriver"
+
+
+def ensure_browser() -> None:
+    """Install Debian's Chromium and its driver (same version), for the `sao view` browser test: headless, driven by
+    Selenium through ``chromedriver``; no browser is downloaded at test time (no network there)."""
+    if shutil.which(BROWSER) is None or shutil.which(BROWSER_DRIVER) is None:
+        _log("installing chromium and chromium-driver")
+        _apt_install(["chromium", "chromium-driver"], "browser")
+
+
 STEPS: dict[str, Callable[[], object]] = {
     "docker": ensure_docker,
     "image": ensure_base_image,
     "bwrap": ensure_bwrap,
+    "browser": ensure_browser,
     "model": ensure_model,
     "ds-ops": ensure_ds_ops,
 }

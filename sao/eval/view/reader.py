@@ -1,0 +1,248 @@
+"""What `sao view` reads: a run folder (a training run, a staged run's stage folders, a `sao eval` / `sao collect`
+out folder, a `sao serve --gateway` out folder), re-read on every request from where the last read stopped.
+
+A ``Source`` is one folder with episodes (``trajectories.jsonl``) and/or per-step metrics (``metrics.jsonl``) and
+per-token records (``token_records.jsonl``); a ``Run`` is the folder given and its sources (itself and its direct
+subfolders: a staged run's ``NN_stage``). Every file is read through a ``LineIndex`` (byte offsets), so a live run
+costs only its new lines and an episode is one seek.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import json
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sao.eval.view.episodes import Episode, EpisodeTable, Query, select
+from sao.eval.view.formats import (
+    CRITIC_WARMUP,
+    METRICS,
+    REPORT,
+    STAGE_DONE,
+    SUMMARY,
+    TOKEN_RECORDS,
+    TRAJECTORIES,
+    TokenRecord,
+)
+from sao.eval.view.index import LineIndex
+
+Decode = Callable[[list[int]], list[str]]
+"""Token ids -> one text piece per id (the viewer's tokenizer, ``Decoder``)."""
+
+
+class Source:
+    """One folder's episodes, metrics and token records, indexed incrementally."""
+
+    def __init__(self, root: Path, folder: Path) -> None:
+        self.folder = folder
+        self.name = folder.relative_to(root).as_posix() if folder != root else "."
+        self._traj = LineIndex(folder / TRAJECTORIES)
+        self._metrics = LineIndex(folder / METRICS)
+        self._warmup = LineIndex(folder / CRITIC_WARMUP)
+        self._tokens = LineIndex(folder / TOKEN_RECORDS)
+        self.table = EpisodeTable()
+        self.metrics: list[dict[str, Any]] = []
+        self.warmup: list[dict[str, Any]] = []
+        self.token_lines: dict[str, list[int]] = {}  # ledger uid -> its lines in token_records.jsonl
+        self._lock = threading.Lock()
+
+    def refresh(self) -> None:
+        """Read what was appended since the last refresh (a replaced file: all of it again)."""
+        with self._lock:
+            r = self._traj.refresh()
+            if r.reset:
+                self.table = EpisodeTable()
+            for n, _, rec in r.lines:
+                if isinstance(rec, dict):
+                    self.table.add(n, rec)
+            for index, rows in ((self._metrics, self.metrics), (self._warmup, self.warmup)):
+                m = index.refresh()
+                if m.reset:
+                    rows.clear()
+                rows.extend(rec for _, _, rec in m.lines if isinstance(rec, dict))
+            t = self._tokens.refresh()
+            if t.reset:
+                self.token_lines = {}
+            for n, _, rec in t.lines:
+                if isinstance(rec, dict) and rec.get("uid") is not None:
+                    self.token_lines.setdefault(str(rec["uid"]), []).append(n)
+
+    def recorded(self, ep: Episode) -> bool:
+        return ep.uid is not None and ep.uid in self.token_lines
+
+    def describe(self) -> dict[str, Any]:
+        done = self.folder / STAGE_DONE
+        return {
+            "name": self.name,
+            "episodes": len(self.table.episodes),
+            "ledger": self.table.ledger,
+            "steps": len(self.metrics),
+            "recorded": len(self.token_lines),
+            "done": _json_file(done),
+        }
+
+    def page(self, q: Query, search: str = "", decode: Decode | None = None, budget_s: float = 2.0) -> dict[str, Any]:
+        """One page of the filtered, sorted list. With ``search`` (text in actions and observations) the episodes
+        are decoded in list order from ``q.offset`` until a page is found or ``budget_s`` runs out; ``next`` is the
+        offset to continue from (None at the end)."""
+        hits = select(self.table.episodes, q, self.recorded)
+        if not search:
+            items = hits[q.offset : q.offset + q.limit]
+            nxt = q.offset + q.limit if q.offset + q.limit < len(hits) else None
+            return {"total": len(hits), "items": [self._row(e) for e in items], "next": nxt, "searched": None}
+        needle, i, t0 = search.lower(), q.offset, time.monotonic()
+        found: list[Episode] = []
+        while i < len(hits) and len(found) < q.limit and time.monotonic() - t0 < budget_s:
+            if needle in self._text(hits[i], decode).lower():
+                found.append(hits[i])
+            i += 1
+        return {"total": len(hits), "items": [self._row(e) for e in found], "next": i if i < len(hits) else None,
+                "searched": i - q.offset}  # fmt: skip
+
+    def _row(self, e: Episode) -> dict[str, Any]:
+        return {**dataclasses.asdict(e), "recorded": self.recorded(e)}
+
+    def _text(self, e: Episode, decode: Decode | None) -> str:
+        segs = self.trajectory(e.line).get("segments") or []
+        ids = [t for s in segs if s.get("kind") != "prompt" for t in s.get("token_ids") or ()]
+        return "".join(decode(ids)) if decode is not None else " ".join(map(str, ids))
+
+    def trajectory(self, line: int) -> dict[str, Any]:
+        rec = self._traj.line(line)
+        return rec.get("trajectory") or {} if rec.get("type") == "trajectory" else rec
+
+    def episode(self, line: int, decode: Decode | None) -> dict[str, Any]:
+        """One episode in full: its summary, its segments with one text piece per token, its outcome and info, and
+        the token records of the steps that trained it (oldest first)."""
+        if not 0 <= line < len(self._traj):
+            raise KeyError(f"no episode at line {line} of {self.name}/{TRAJECTORIES}")
+        traj = self.trajectory(line)
+        eps = self.table.episodes
+        k = bisect.bisect_left(eps, line, key=lambda e: e.line)  # episodes are in line order
+        ep = eps[k] if k < len(eps) and eps[k].line == line else None
+        segments = []
+        for s in traj.get("segments") or []:
+            ids = [int(t) for t in s.get("token_ids") or ()]
+            text = decode(ids) if decode is not None else [f"<{t}>" for t in ids]
+            segments.append({"kind": s.get("kind"), "version": s.get("policy_version"), "reward": s.get("reward"),
+                             "ids": ids, "text": text})  # fmt: skip
+        return {
+            "summary": None if ep is None else self._row(ep),
+            "segments": segments,
+            "reward": traj.get("reward"),
+            "status": traj.get("status"),
+            "info": traj.get("info") or {},
+            "timings": traj.get("timings") or {},
+            "token_records": self.token_records(ep.uid if ep is not None else None),
+        }
+
+    def token_records(self, uid: str | None) -> list[TokenRecord]:
+        if uid is None:
+            return []
+        return [self._tokens.line(n) for n in self.token_lines.get(uid, [])]
+
+
+def _json_file(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+@dataclass
+class Run:
+    """The folder `sao view` was given, and its sources (found again on every ``sources()`` call: a staged run
+    adds a folder per stage as it goes)."""
+
+    root: Path
+
+    def __post_init__(self) -> None:
+        if not self.root.is_dir():
+            raise ValueError(f"{str(self.root)!r} is not a folder; pass a run folder (sao train / eval --out / serve)")
+        self._sources: dict[str, Source] = {}
+
+    def sources(self) -> list[Source]:
+        folders = [self.root, *sorted(p for p in self.root.iterdir() if p.is_dir())]
+        for f in folders:
+            if any((f / n).is_file() for n in (TRAJECTORIES, METRICS)):
+                s = self._sources.get(f.as_posix())
+                if s is None:
+                    s = self._sources[f.as_posix()] = Source(self.root, f)
+                s.refresh()
+        return list(self._sources.values())
+
+    def source(self, name: str) -> Source:
+        for s in self.sources():
+            if s.name == name:
+                return s
+        raise KeyError(f"no source {name!r} in {self.root}; the run lists its sources at /api/run")
+
+    def describe(self) -> dict[str, Any]:
+        """The run: its name, its sources, and the summary of a staged run or the report of an eval."""
+        return {
+            "name": self.root.resolve().name,
+            "path": str(self.root),
+            "sources": [s.describe() for s in self.sources()],
+            "summary": _json_file(self.root / SUMMARY),
+            "report": _json_file(self.root / REPORT),
+            "model": tokenizer_source(self.root),
+        }
+
+
+def tokenizer_source(run: Path) -> str | None:
+    """The tokenizer a run's token ids decode with, as its files name it: ``config.yaml`` (``model.tokenizer``,
+    else ``model.path``; SmolLM2 for a ``tiny:`` model), else the ``model`` of ``summary.json`` / ``report.json``
+    (a ``kind:`` prefix of an eval's model spec dropped)."""
+    cfg = run / "config.yaml"
+    if cfg.is_file():
+        from sao.core.config import load_yaml
+
+        model = load_yaml(cfg).get("model") or {}
+        src = model.get("tokenizer") or model.get("path")
+        if src:
+            return "smollm2" if str(src).startswith("tiny:") else str(src)
+    for name in (SUMMARY, REPORT):
+        data = _json_file(run / name)
+        model = data.get("model") if isinstance(data, dict) else None
+        if isinstance(model, str) and model:
+            kind, sep, rest = model.partition(":")
+            return rest if sep and kind in ("local", "hf") else model
+    return None
+
+
+class Decoder:
+    """Token ids -> text pieces with a tokenizer loaded on first use (one piece per id, cached per id)."""
+
+    def __init__(self, source: str | None) -> None:
+        self.source = source
+        self.error: str | None = None if source else "the run names no model; pass --tokenizer"
+        self._tok: Any = None
+        self._cache: dict[int, str] = {}
+        self._lock = threading.Lock()
+
+    def _load(self) -> Any:
+        with self._lock:
+            if self._tok is None and self.error is None and self.source:
+                from sao.agent.engines.registry import ModelSpecError, load_tokenizer
+
+                try:
+                    self._tok = load_tokenizer(self.source)
+                except ModelSpecError as e:
+                    self.error = str(e)
+        return self._tok
+
+    def __call__(self, ids: list[int]) -> list[str]:
+        tok = self._load()
+        if tok is None:
+            return [f"<{t}>" for t in ids]
+        missing = sorted({t for t in ids if t not in self._cache})
+        if missing:
+            for t, text in zip(missing, tok.batch_decode([[t] for t in missing]), strict=True):
+                self._cache[t] = text
+        return [self._cache[t] for t in ids]
