@@ -34,9 +34,11 @@ def iter_jsonl(
     """Yield ``(line number, parsed value)`` for each non-blank line of ``path``.
 
     A line that is not JSON raises ``error("PATH:N: not valid JSON (...); FIX")``. With ``torn_tail_ok`` an invalid
-    LAST line is skipped instead: what a crash in the middle of an append leaves behind.
+    LAST line is skipped instead: what a crash in the middle of an append leaves behind. Lines end at ``\n`` only
+    (``str.splitlines`` would also cut at U+2028, U+0085 and the like, which JSON strings may hold unescaped).
     """
-    lines = Path(path).read_text(encoding="utf-8").splitlines()
+    text = Path(path).read_text(encoding="utf-8")
+    lines = (text[:-1] if text.endswith("\n") else text).split("\n")
     for n, line in enumerate(lines, 1):
         if not line.strip():
             continue

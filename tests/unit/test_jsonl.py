@@ -3,6 +3,7 @@ torn-tail rule), the appender's repair of a torn last line, and atomic whole-fil
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
@@ -30,6 +31,17 @@ def test_yields_numbered_values_and_skips_blank_lines(tmp_path: Path) -> None:
     p = tmp_path / "a.jsonl"
     p.write_text('{"a": 1}\n\n[2]\n')
     assert list(iter_jsonl(p)) == [(1, {"a": 1}), (3, [2])]
+
+
+def test_line_separators_inside_json_strings_do_not_split_a_line(tmp_path: Path) -> None:
+    # issue 44: str.splitlines() also cuts at U+2028, U+2029 and U+0085, which JSON may hold unescaped
+    # (json.dumps(..., ensure_ascii=False), user SFT data and task files)
+    recs = [{"text": "a\u2028b\u2029c"}, {"text": "d\x85e"}]
+    p = tmp_path / "u.jsonl"
+    p.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in recs), encoding="utf-8")
+    assert list(iter_jsonl(p)) == [(1, recs[0]), (2, recs[1])]
+    p.write_text('{"a": 1}\r\n{"b": 2}', encoding="utf-8")  # CRLF line ends, no final newline
+    assert list(iter_jsonl(p)) == [(1, {"a": 1}), (2, {"b": 2})]
 
 
 def test_bad_line_names_file_line_and_fix(tmp_path: Path) -> None:
