@@ -198,11 +198,14 @@ def _fake_tests(test_ids: list[str]) -> dict[str, str]:
 
 
 def test_the_grader_restores_test_files_before_running_them(
-    offline_tasks: list[dict[str, Any]], docker_client: Any
+    offline_tasks: list[dict[str, Any]], docker_client: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A patch that rewrites the tests to pass (instead of fixing the code) is not resolved: the eval script checks
-    the test files out of ``base_commit`` first. Without that restore the same patch would resolve the task."""
+    """A patch that rewrites the tests to pass (instead of fixing the code) is not resolved, by two guards each on its
+    own: the patch policy drops test files before grading, and the eval script checks the test files out of
+    ``base_commit`` first. Without both the same patch would resolve the task."""
+    import sao.envs.swe.grading as grading
     from sao.envs.swe.grading import grade_patch
+    from sao.envs.swe.patch_policy import PolicyResult
 
     task = offline_tasks[0]
     box = docker_client.containers.run(
@@ -215,9 +218,12 @@ def test_the_grader_restores_test_files_before_running_them(
     finally:
         box.remove(force=True)
     assert cheat.startswith("diff --git")
+    no_restore = "\n".join(ln for ln in task["eval_script"].splitlines() if not ln.startswith("git checkout "))
+    dropped = grade_patch({**task, "eval_script": no_restore}, cheat)  # the policy alone
+    assert not dropped.resolved and not dropped.applied and {d["kind"] for d in dropped.dropped} == {"tests"}
+    monkeypatch.setattr(grading, "apply_policy", lambda patch: PolicyResult(patch))  # the eval script alone
     graded = grade_patch(task, cheat)
     assert graded.applied and not graded.resolved, graded.log[-2000:]
-    no_restore = "\n".join(ln for ln in task["eval_script"].splitlines() if not ln.startswith("git checkout "))
     unguarded = grade_patch({**task, "eval_script": no_restore}, cheat)
     assert unguarded.resolved, unguarded.log[-2000:]
 
