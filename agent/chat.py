@@ -88,6 +88,10 @@ class ChatRenderer:
         """Token ids of the first prompt, ending with the assistant generation header."""
         return self._encode(self._render(messages, tools, gen=True))
 
+    def render_text(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> str:
+        """The text of a whole conversation rendered at once, ending with the assistant generation header."""
+        return self._render(messages, tools, gen=True)
+
     def render_full(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
         """Token ids of a whole conversation rendered at once (for checks; the agent never uses it)."""
         return self._encode(self._render(messages, tools, gen=True))

@@ -314,17 +314,25 @@ class GatewaySession:
     def _next_prompt(self, req: ChatRequest, normal: tuple[Any, ...]) -> tuple[tuple[int, ...], tuple[int, ...] | None]:
         """(the ids to send, the observation ids when the request extends the current row, else None)."""
         last = self._last
+        messages = template_messages(self.chat, req.messages, req.tools)
         if last is not None and self._extends(last, req, normal):
-            new = template_messages(self.chat, req.messages[len(last.messages) + 1 :])
+            new = messages[len(messages) - (len(req.messages) - len(last.messages) - 1) :]
             obs = tuple(self.chat.render_after_action_messages(list(last.action_ids), new))
             row = tuple(t for s in self._rows[-1] for t in s.token_ids)
-            # The row must end with exactly what the engine was last given and sampled (``_last``, kept apart
-            # from the row): a row out of step with the engine starts a new row rather than train on ids the
-            # model never saw in that order.
-            if obs and row == last.prompt_ids + last.action_ids:
+            # Two checks before the row grows. The row ends with exactly what the engine was last given and
+            # sampled (``_last``, kept apart from the row). And the observation is the template's own rendering
+            # of the new messages in this conversation: the whole conversation rendered at once ends with its text
+            # (``render_after_action_messages`` renders them after a probe turn, blind to a template whose
+            # rendering of a message depends on the turns before it). Either failing starts a new row.
+            if obs and row == last.prompt_ids + last.action_ids and self._in_context(messages, req.tools, obs):
                 return row + obs, obs
-        rendered = self.chat.render_prompt(template_messages(self.chat, req.messages, req.tools), list(req.tools))
-        return tuple(rendered), None
+        return tuple(self.chat.render_prompt(messages, list(req.tools))), None
+
+    def _in_context(
+        self, messages: list[dict[str, Any]], tools: tuple[dict[str, Any], ...], obs: tuple[int, ...]
+    ) -> bool:
+        text = self.chat.tokenizer.decode(list(obs), skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        return self.chat.render_text(messages, list(tools)).endswith(text)
 
     @staticmethod
     def _extends(last: _Turn, req: ChatRequest, normal: tuple[Any, ...]) -> bool:
