@@ -1,6 +1,6 @@
-"""The docs' commands cannot rot either: every `sao ...` command in docs/*.md and the package READMEs (code blocks,
-with their backslash continuations, and inline code) names a real subcommand whose `--help` lists each option it
-uses. The README's own lines are checked by tests/unit/test_readme.py, with the same helpers."""
+"""The docs' commands cannot rot either: every `sao ...` command in docs/*.md and the READMEs (code blocks, with
+their backslash continuations, and inline code, which tests/unit/test_readme.py does not read) names a real
+subcommand whose `--help` lists each option it uses; the helpers are test_readme's."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from tests.unit.test_readme import _help, command_path
 
 ROOT = Path(__file__).resolve().parents[2]
 BACKSLASH = "\\"
-PAGES = [*sorted((ROOT / "docs").glob("*.md")), ROOT / "trainer" / "README.md", ROOT / "sandboxes" / "README.md"]
+PAGES = [*sorted((ROOT / "docs").glob("*.md")), *(ROOT / d / "README.md" for d in (".", "trainer", "sandboxes"))]
 
 
 def doc_sao_lines(text: str) -> list[str]:
