@@ -105,8 +105,8 @@ class HarnessPlayer:
         sid, endpoint = self._open(episode)
         gateway = self._gateway
 
-        def exhausted() -> bool:
-            return sid is not None and bool(gateway.record(sid).context_exhausted)
+        def exhausted() -> bool:  # asked before every command: a flag, not a copy of the session's record
+            return sid is not None and gateway.context_exhausted(sid)
 
         workspace = EnvWorkspace(env, episode.task, obs, exhausted=exhausted, on_command=self.on_turn)
         limits = HarnessLimits(self.agent.max_turns, self.wall_s)

@@ -294,6 +294,24 @@ async def test_a_harness_cannot_overwrite_the_graders_outcome(tok: Any, tmp_path
     assert row.info["solved"] is False and row.info["graded"] is True and row.info["harness"] == {"harness": "lying"}
 
 
+async def test_a_command_costs_no_copy_of_the_sessions_record(
+    tok: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # issue 44: the player built the whole session record (every call, every prompt) before each command to read one
+    # flag, work that grows with the session on every turn
+    from sao.agent.gateway import Gateway
+
+    built: list[str] = []
+    real = Gateway.record
+    monkeypatch.setattr(Gateway, "record", lambda self, sid: built.append(sid) or real(self, sid))
+    replies = [mini("Look.", "ls"), mini("Look.", "git status"), mini("Fix.", FIX), mini("Submit.", SUBMIT)]
+    engine = ScriptedEngine([act(tok, r) for r in replies])
+    player = make_player("mini_swe_agent", PlayerArgs(AgentConfig(4096, 256, max_turns=10), engine, tok))
+    env = ShellEnv(tmp_path / "repo")
+    (row,) = await play(player, env)  # type: ignore[arg-type]
+    assert row.reward == 1.0 and len(env.commands) == 4 and built == []
+
+
 class Raising:
     name = "raising"
 
