@@ -1,12 +1,13 @@
 """Grade SWE-bench predictions with the official harness (``python -m swebench.harness.run_evaluation``).
 
-``load_predictions`` checks a predictions file line by line (JSON, the three official keys, known instance ids,
-no duplicates) and raises ``EvalError`` naming the line and the fix. ``grade_with_harness`` writes the exact
-instance records to ``<dir>/dataset.jsonl``, runs the harness in ``<dir>`` (its ``logs/run_evaluation/`` tree and
-report land there), and reads each instance's ``report.json``: resolved / unresolved (an empty patch, or a patch
-that did not apply, is unresolved) / infra_error (the harness produced no report for another reason). The run id
-is derived from the predictions, so a rerun reuses the harness's finished reports. ``sao eval swebench
---grade-only`` (``sao.eval.swebench_eval.grade_only``) is built on these two.
+``load_predictions`` checks a predictions file line by line (JSON, the three official keys, known instance ids, no
+duplicates) and raises ``EvalError`` naming the line and the fix. ``grade_with_harness`` cuts each patch to source
+with the patch policy of the training reward (``sao.envs.swe.patch_policy``; ``dropped`` in its answer says what and
+why), writes the exact instance records to ``<dir>/dataset.jsonl``, runs the harness in ``<dir>`` (its
+``logs/run_evaluation/`` tree and report land there), and reads each instance's ``report.json``: resolved / unresolved
+(an empty patch, or a patch that did not apply, is unresolved) / infra_error (the harness produced no report for
+another reason). The run id is derived from the graded predictions, so a rerun reuses the harness's finished reports.
+``sao eval swebench --grade-only`` (``sao.eval.swebench_eval.grade_only``) is built on these two.
 """
 
 from __future__ import annotations
@@ -83,9 +84,21 @@ def grade_with_harness(
     preds: list[dict[str, Any]], records: list[dict[str, Any]], workdir: Path, *, workers: int = 2,
     timeout_s: int = 1800,
 ) -> dict[str, Any]:  # fmt: skip
-    """Grade ``preds`` on ``records`` with the official harness run in ``workdir``; return counts and verdicts."""
+    """Grade ``preds`` on ``records`` with the official harness run in ``workdir``; return counts and verdicts.
+    Each patch is first cut to source by the patch policy the training reward uses
+    (``sao.envs.swe.patch_policy``): the harness grades what is kept, ``dropped`` says what was not and why."""
     from swebench.harness.constants import APPLY_PATCH_FAIL, LOG_INSTANCE, LOG_REPORT, RUN_EVALUATION_LOG_DIR
 
+    from sao.envs.swe.patch_policy import apply_policy
+
+    dropped: dict[str, list[dict[str, str]]] = {}
+    graded = []
+    for p in preds:
+        policy = apply_policy(p["model_patch"] or "")
+        if policy.dropped:
+            dropped[p["instance_id"]] = policy.report()
+        graded.append({**p, "model_patch": policy.patch})
+    preds = graded
     workdir = workdir.resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     by_id = {r["instance_id"]: r for r in records}
@@ -152,6 +165,7 @@ def grade_with_harness(
         "infra_errors": count["infra_error"],
         "verdicts": verdicts,
         "errors": errors,
+        "dropped": dropped,
         "log": str(log_path),
         "logs_dir": str(workdir / RUN_EVALUATION_LOG_DIR / run_id),
         "wall_s": round(time.perf_counter() - t0, 1),

@@ -67,16 +67,24 @@ def test_sigterm_removes_the_eval_containers_before_it_exits(
     print(f"SIGTERM to exit: {stop_s:.1f} s")
 
 
-# grade_with_harness in a process the test SIGKILLs once the official harness runs; the patch adds a conftest.py
-# that sleeps, so the harness's test run outlasts the test unless something stops it
-SLOW_PATCH = """diff --git a/conftest.py b/conftest.py
-new file mode 100644
---- /dev/null
-+++ b/conftest.py
-@@ -0,0 +1,2 @@
-+import time
-+time.sleep(600)
-"""
+# grade_with_harness in a process the test SIGKILLs once the official harness runs; the patch is the gold fix with a
+# sleep before its first added line (source, so the patch policy keeps it), so the harness's test run outlasts the test
+# unless something stops it
+
+
+def slow_patch(gold: str) -> str:
+    lines = gold.splitlines(keepends=True)
+    at = next(i for i, ln in enumerate(lines) if ln.startswith("+") and not ln.startswith("+++"))
+    indent = lines[at][1 : len(lines[at]) - len(lines[at][1:].lstrip())]
+    lines.insert(at, f'+{indent}__import__("time").sleep(600)\n')
+    hunk = max(i for i in range(at) if lines[i].startswith("@@"))
+    head, _, rest = lines[hunk].partition(" +")
+    new_start, _, tail = rest.partition(" @@")
+    start, _, count = new_start.partition(",")
+    lines[hunk] = f"{head} +{start},{int(count or 1) + 1} @@{tail}"
+    return "".join(lines)
+
+
 HARNESS_LAUNCHER = """
 import json, sys
 from pathlib import Path
@@ -108,7 +116,7 @@ def test_the_official_harness_dies_with_an_eval_killed_by_sigkill(
     rec = tmp_path / "rec.json"
     rec.write_text(json.dumps(eval_tasks[0]))
     workdir = (tmp_path / "harness").resolve()
-    run = [sys.executable, "-c", HARNESS_LAUNCHER, str(rec), str(workdir), SLOW_PATCH]
+    run = [sys.executable, "-c", HARNESS_LAUNCHER, str(rec), str(workdir), slow_patch(eval_tasks[0]["patch"])]
     proc = subprocess.Popen(run, cwd=ROOT, env=cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 120
