@@ -1,13 +1,14 @@
 """Every figure in docs/ says where it came from.
 
-The rule, per page ``docs/*.md`` (except the pages in ``NO_MEASUREMENTS``): split the page at its ``## `` headings
+The rule, per page ``docs/*.md`` (except the pages in ``NO_MEASUREMENTS``) and per package README the docs index
+links to (``INDEXED``): split the page at its ``## `` headings
 (the text before the first one is a section too; ``###`` subsections belong to their ``##``). A section that holds
 a figure must name a commit and a load.
 
 - A figure: outside fenced code blocks and inline code, a number followed by a unit -- ``s`` after a space (so
   "400s" is not one), or ``ms``, ``min``, ``h``, ``GB``, ``GiB``, ``MB``, ``MiB``, ``KiB``, ``tok/s``, ``%``, ``x``
   with or without a space -- or a ``±``.
-- A commit: 7-40 hex digits in backticks, or after the word "commit"/"commits", or a bare word of 7-40 hex digits
+- A commit: an id of 7-12 or 40 hex digits in backticks, or after the word "commit"/"commits", or as a bare word
   holding both a digit and a letter. Each one must be a commit of this repository (checked when the history is
   there, i.e. not a shallow clone).
 - A load: the word "load" or "quiet". Where the text never said the load, write "load not recorded"; where the
@@ -26,12 +27,12 @@ from pathlib import Path
 import pytest
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
+INDEXED = [DOCS.parent / "sandboxes" / "README.md", DOCS.parent / "trainer" / "README.md"]
 NO_MEASUREMENTS = {"README.md", "register_algorithm.md", "register_engine.md", "register_env.md", "register_harness.md"}
 
 _FIGURE = re.compile(r"(?<![\w.])\d[\d,]*(?:\.\d+)?(?: s|\s?(?:ms|min|h|GB|GiB|MB|MiB|KiB|tok/s|%|x))(?![\w/])|±")
-_COMMIT = re.compile(
-    r"`([0-9a-f]{7,40})`|\bcommits?\s+([0-9a-f]{7,40})\b|\b((?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40})\b"
-)
+_HEX = r"(?:[0-9a-f]{40}|[0-9a-f]{7,12})"
+_COMMIT = re.compile(rf"`({_HEX})`|\bcommits?\s+({_HEX})\b|\b((?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9]){_HEX})\b")
 _LOAD = re.compile(r"\b(?:load|quiet)\b", re.IGNORECASE)
 
 
@@ -59,11 +60,13 @@ def unsourced(text: str) -> list[str]:
 
 
 def _pages() -> list[Path]:
-    return sorted(p for p in DOCS.glob("*.md") if p.name not in NO_MEASUREMENTS)
+    return sorted(p for p in DOCS.glob("*.md") if p.name not in NO_MEASUREMENTS) + INDEXED
 
 
 def test_every_section_with_figures_names_its_commit_and_load() -> None:
-    problems = [f"docs/{p.name}: {head!r}" for p in _pages() for head in unsourced(p.read_text(encoding="utf-8"))]
+    problems = [
+        f"{p.relative_to(DOCS.parent)}: {head!r}" for p in _pages() for head in unsourced(p.read_text(encoding="utf-8"))
+    ]
     assert not problems, (
         "these sections hold figures without a commit and a load; add a line such as "
         "'Figures: commit abc1234 (git blame -C), load 3-4' (or 'load not recorded'):\n" + "\n".join(problems)
@@ -81,7 +84,7 @@ def test_a_figure_without_its_commit_fails() -> None:
 
 def test_commit_ids_are_told_from_words_and_numbers() -> None:
     assert commits("`5a39c47`, commits 1135613 and 94ad5c2") == ["5a39c47", "1135613", "94ad5c2"]
-    assert commits("it effaced 1234567 decades") == []
+    assert commits("it effaced 1234567 decades, `CapEff 000001fffeffffff`") == []
 
 
 def test_every_commit_the_docs_name_exists() -> None:
