@@ -14,8 +14,8 @@ a figure must name a commit and a load.
 - A load: the word "load" or "quiet". Where the text never said the load, write "load not recorded"; where the
   figures are settings or projections rather than measurements, say so ("not measured: no load").
 
-Figures moved to one place (setup, test count, CI time: docs/testing.md) are linked, not repeated. No page links to
-itself.
+No page links to itself. (By convention, not checked here: the setup, test-count and CI figures live in
+docs/testing.md's table "the figures at a glance", and other pages link there rather than repeat them.)
 """
 
 from __future__ import annotations
