@@ -49,9 +49,9 @@ def test_warmup_batches_train_only_the_critic_and_are_counted(
 
             opt.step = counted
 
-    def spy_step(self: Any, trajs: Any, policy: bool = True) -> Any:
+    def spy_step(self: Any, trajs: Any, policy: bool = True, episodes: Any = None) -> Any:
         policies.append(policy)
-        return step(self, trajs, policy)
+        return step(self, trajs, policy, episodes)
 
     monkeypatch.setattr(learner_mod.Learner, "__init__", counting_init)
     monkeypatch.setattr(learner_mod.Learner, "train_step", spy_step)
