@@ -193,7 +193,7 @@ class Coordinator:
         for group in _groups(items):
             members = [items[k] for k in group]
             if max(self.lag(i) for i in members) > self.max_staleness:
-                self._drop(members, step)
+                self._drop(members, step, replace=False)
                 continue
             for item in members:  # the start as a version of the current branch: later lags are differences from it
                 item.start = self.version - self.lag(item)
@@ -358,13 +358,14 @@ class Coordinator:
         self.buffer = deque(item for k, item in enumerate(items) if k not in keep)
         return [items[k] for k in sorted(keep)]
 
-    def _drop(self, items: list[Item], step: int) -> None:
-        """Drop stale episodes (all their rows: counted and recorded); synchronous mode starts as many again."""
+    def _drop(self, items: list[Item], step: int, replace: bool = True) -> None:
+        """Drop stale episodes (all their rows: counted and recorded); synchronous mode starts as many again
+        (``replace``; a resume's restore does not: the run allows its first batch after it)."""
         uids = [u for i in items for u in i.uids]
         self.counters.dropped_stale += len(uids)
         self.counters.episodes_dropped_stale += len(items)
         self.ledger.event(uids, "dropped_stale", step, self.version)
-        if self.synchronous:
+        if self.synchronous and replace:
             self._sync_budget += len(items)
 
     async def _batch_first_finished(self, n: int, step: int) -> list[Item]:

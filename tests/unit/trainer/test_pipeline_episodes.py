@@ -122,3 +122,33 @@ async def test_restore_puts_an_episodes_rows_back_as_one_item(tmp_path: Path) ->
     c.restore(list(pending.values()), step=0)
     assert [i.uids for i in c.buffer] == [["u0", "u1"], ["u2"]]
     led.close()
+
+
+class Lagging(MultiRow):
+    """Task ``stale``'s episodes come back sampled one version behind (an engine that missed a sync)."""
+
+    def __init__(self, box: list[Coordinator], stale: int) -> None:
+        super().__init__(box, _cycle)
+        self.stale = stale
+
+    async def run_one(self, episode: Any) -> list[Trajectory]:
+        rows = await super().run_one(episode)
+        if episode.index != self.stale:
+            return rows
+        segs = (Segment("prompt", (1, 2)), Segment("action", (3, 4), (-0.5, -0.5), self.box[0].version - 1))
+        return [Trajectory(r.task_id, r.env_id, segs, r.reward, info=r.info) for r in rows]
+
+
+@pytest.mark.parametrize("group", [1, 2])
+async def test_a_synchronous_batch_whose_episode_was_dropped_starts_another(tmp_path: Path, group: int) -> None:
+    box: list[Coordinator] = []
+    c = Coordinator(
+        Lagging(box, stale=5), TaskSource(None, 0), Ledger(tmp_path / "trajectories.jsonl"), concurrency=4,
+        buffer_size=8, max_staleness=0, group_size=group, synchronous=True, staleness_policy="drop", batch_size=4,
+    )  # fmt: skip
+    box.append(c)
+    try:
+        await _run(c, 4, 4, group)
+    finally:
+        await c.stop()
+    assert c.counters.episodes_dropped_stale == group and c.counters.episodes_trained == 16
