@@ -82,7 +82,7 @@ def test_sao_trains_on_mini_swe_agent_episodes(
     assert all(d["info"]["harness"]["harness"] == "mini_swe_agent" for d in demo)
     trajs = _trained(run / "01_train")
     batch = yaml.safe_load((run / "01_train" / "config.yaml").read_text())["trainer"]["batch_size"]
-    assert len(trajs) == batch
+    assert len({t.info["session_id"] for t in trajs}) == batch  # batch_size episodes, each with all its rows
     for t in trajs:
         assert t.info["harness"]["harness"] == "mini_swe_agent" and t.info["session_id"]  # a gateway row
         assert t.status in ("ok", "truncated") and not t.bootstraps  # SAO graded it: a complete return
