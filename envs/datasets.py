@@ -311,5 +311,7 @@ def arithmetic_chain_tasks(n: int, seed: int = 0, levels: tuple[int, ...] = CHAI
             + "".join(f"Step {k}: {text}\n" for k, text in enumerate(steps, 1))
             + "Give the last number printed as \\boxed{N}."
         )
-        tasks.append({"id": f"chain-{seed}-{i}", "problem": problem, "answer": str(value), "level": level})
+        # answer_format: the number the last call printed; math-verify alone would accept "\\boxed{608 * 69}" at level 1
+        record = {"id": f"chain-{seed}-{i}", "problem": problem, "answer": str(value), "level": level}
+        tasks.append(record | {"answer_format": "integer"})
     return tasks

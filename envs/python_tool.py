@@ -9,9 +9,10 @@ Reward 1.0 if correct, else 0.0; ``info["report"]`` holds gold, extracted predic
 timeout of math-verify is an infra error (``GraderError``), never a 0.
 
 Tasks: ``reset(options={"task": {"problem": ..., "answer": ...}})`` (``prompt`` is accepted for ``problem``;
-``id`` and ``level`` are optional; a task's ``level`` goes to the episode's info), or drawn by the seeded generator
-from ``dataset``: ``"arithmetic"`` (generated easy problems, the default), ``"arithmetic_chain"`` (levels 1-4), a
-benchmark name (``aime24``, ``aime25``, ``imo_answerbench``), a local file or an HF dataset (see
+``id``, ``level`` and ``answer_format`` are optional; a task's ``level`` goes to the episode's info, and with
+``answer_format: integer`` only an integer answer is graded, not an expression that equals it), or drawn by the
+seeded generator from ``dataset``: ``"arithmetic"`` (generated easy problems, the default), ``"arithmetic_chain"``
+(levels 1-4), a benchmark name (``aime24``, ``aime25``, ``imo_answerbench``), a local file or an HF dataset (see
 ``sao.envs.datasets``), or a list of task records.
 
 Sandbox: ``sandbox`` is a ``sao.sandboxes.config.SandboxConfig`` or a dict of its fields (default: bwrap, no
@@ -61,6 +62,8 @@ def last_boxed(text: str) -> str | None:
 
 
 GRADE_TIMEOUT_S = 5
+ANSWER_FORMATS = {"integer": re.compile(r"-?\d+")}
+"""A task's optional ``answer_format``: the form its answer must have before math-verify compares it."""
 
 
 class GraderError(SandboxError):
@@ -164,6 +167,13 @@ class PythonToolEnv(ToolEnv):
         parsed = {"id": str(task.get("id", "")), "problem": str(problem), "answer": str(task["answer"]).strip()}
         if task.get("level") is not None:  # a graded-difficulty task (arithmetic_chain): kept in the episode's info
             parsed["level"] = str(task["level"])
+        if task.get("answer_format") is not None:
+            if task["answer_format"] not in ANSWER_FORMATS:
+                raise ValueError(
+                    f"PythonToolEnv task answer_format {task['answer_format']!r} is unknown; use one of "
+                    f"{sorted(ANSWER_FORMATS)} or leave it out (any form math-verify can compare)"
+                )
+            parsed["answer_format"] = str(task["answer_format"])
         return parsed
 
     # ---- ToolEnv hooks ------------------------------------------------------------------------------------
@@ -210,6 +220,12 @@ class PythonToolEnv(ToolEnv):
         boxed = last_boxed(raw)
         prediction = (boxed if boxed is not None else raw).strip()
         gold = self._task["answer"]
+        pattern = ANSWER_FORMATS.get(self._task.get("answer_format", ""))
+        if pattern is not None and not pattern.fullmatch(prediction):
+            # math-verify would evaluate "446 * 49": a task that asks for the number the tool printed wants the number
+            why = f"the task's answer_format is {self._task['answer_format']}: the answer is not of that form"
+            return Grade(reward=0.0, solved=False, report={"gold": gold, "prediction": prediction, "correct": False,
+                                                           "reason": why})  # fmt: skip
         ok, parsed = grade_answer(gold, prediction) if prediction else (False, {})  # GraderError: infra error
         report = {"gold": gold, "prediction": prediction, "correct": ok, **parsed}
         return Grade(reward=1.0 if ok else 0.0, solved=ok, report=report)

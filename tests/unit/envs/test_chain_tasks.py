@@ -117,6 +117,21 @@ def test_stopping_one_step_early_scores_zero(env: PythonToolEnv) -> None:
     assert (reward, info["solved"], calls) == (0.0, False, 3)
 
 
+def test_a_chain_answer_must_be_the_number_not_an_expression_equal_to_it(env: PythonToolEnv) -> None:
+    task = arithmetic_chain_tasks(1, seed=4)[0]  # level 1: "Step 1: A * B"
+    expr = STEP.findall(task["problem"])[0][1]
+    for answer, solved in ((expr, False), (f"({expr})", False), (task["answer"], True), (f" {task['answer']} ", True)):
+        env.reset(options={"task": task})
+        _, reward, term, _, info = env.step(f"\\boxed{{{answer}}}")
+        assert (reward, info["solved"], term) == (float(solved), solved, True), answer
+        assert ("answer_format is integer" in info["report"].get("reason", "")) is not solved
+    plain = {k: v for k, v in task.items() if k != "answer_format"}  # math-verify alone accepts the expression
+    env.reset(options={"task": plain})
+    assert env.step(f"\\boxed{{{expr}}}")[1] == 1.0
+    with pytest.raises(ValueError, match="answer_format 'roman' is unknown; use one of \\['integer'\\]"):
+        env.reset(options={"task": {**task, "answer_format": "roman"}})
+
+
 def test_the_solver_reruns_a_step_whose_call_printed_no_number() -> None:
     head = "<|im_start|>user\nLevel 2 of 4: 2 steps. Run...\nStep 1: 120 * 12\nStep 2: ANS + 101\nGive...<|im_end|>\n"
     first = '<tool_call>{"name": "python", "arguments": {"code": "print(120 * 12)"}}</tool_call>'
