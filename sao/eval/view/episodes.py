@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any
 
 ENDINGS = ("ok", "truncated", "graded_cut", "infra_error")
@@ -18,7 +19,7 @@ the cut (graded_cut), or failed by the infrastructure (infra_error: never traine
 SORT_KEYS = ("line", "step", "task_id", "reward", "turns", "tokens", "action_tokens", "lag", "rows", "prefix_breaks")
 
 
-@dataclass
+@dataclass(slots=True)
 class Episode:
     """One trajectory (one row of an episode) as the list shows it. ``line``: its line among the file's JSON lines."""
 
@@ -78,9 +79,11 @@ class EpisodeTable:
     episodes: list[Episode] = field(default_factory=list)
     by_uid: dict[str, int] = field(default_factory=dict)
     ledger: bool = False
+    changes: int = 0  #: lines folded in so far: a selection made at the same count is still valid
 
     def add(self, line: int, rec: dict[str, Any]) -> None:
         """Fold one line (its number among the JSON lines, and its record) into the table."""
+        self.changes += 1
         kind = rec.get("type")
         if kind is None and "segments" in rec:
             self.episodes.append(summarize(line, rec))
@@ -155,7 +158,11 @@ def select(eps: Iterable[Episode], q: Query, recorded: Callable[[Episode], bool]
         and (q.reward_max is None or (e.reward is not None and e.reward <= q.reward_max))
         and (not q.recorded or recorded(e))
     ]
-    present = [e for e in out if getattr(e, q.sort) is not None]
-    missing = [e for e in out if getattr(e, q.sort) is None]
-    present.sort(key=lambda e: (getattr(e, q.sort), e.line), reverse=q.desc)
+    if q.sort == "line":  # file order already
+        return out[::-1] if q.desc else out
+    key = attrgetter(q.sort)
+    present, missing = [], []
+    for e in out:
+        (missing if key(e) is None else present).append(e)
+    present.sort(key=key, reverse=q.desc)  # stable: ties stay in file order
     return present + missing

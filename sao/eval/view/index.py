@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,18 +38,27 @@ class LineIndex:
     indexed: int = 0  # bytes indexed: the end of the last complete line
     _inode: tuple[int, int] | None = None
 
-    def refresh(self) -> Refresh:
-        """Index the lines appended since the last call (none when the file does not exist yet)."""
+    def refresh(
+        self, each: Callable[[int, Any], None] | None = None, on_reset: Callable[[], None] | None = None
+    ) -> Refresh:
+        """Index the lines appended since the last call (none when the file does not exist yet). With ``each``, every
+        new line goes to ``each(line number, parsed JSON)`` instead of into ``Refresh.lines``, so a large file is
+        folded line by line, never held parsed in memory; ``on_reset`` runs before them when the file was replaced
+        or cut (the caller drops what it built)."""
         try:
             st = os.stat(self.path)
         except FileNotFoundError:
             reset = bool(self.offsets)
             self.offsets, self.indexed, self._inode = [], 0, None
+            if reset and on_reset is not None:
+                on_reset()
             return Refresh([], 0, reset)
         inode = (st.st_dev, st.st_ino)
         reset = self._inode is not None and (inode != self._inode or st.st_size < self.indexed)
         if reset:
             self.offsets, self.indexed = [], 0
+            if on_reset is not None:
+                on_reset()
         self._inode = inode
         if st.st_size == self.indexed:
             return Refresh([], 0, reset)
@@ -64,10 +74,15 @@ class LineIndex:
                     line = data[start:nl]
                     if line.strip():
                         try:
-                            out.append((len(self.offsets), pos + start, json.loads(line)))
-                            self.offsets.append(pos + start)
+                            rec = json.loads(line)
                         except ValueError:
                             bad += 1
+                        else:
+                            if each is not None:
+                                each(len(self.offsets), rec)
+                            else:
+                                out.append((len(self.offsets), pos + start, rec))
+                            self.offsets.append(pos + start)
                     start = nl + 1
                 pos += start
                 tail = data[start:]

@@ -51,27 +51,26 @@ class Source:
         self.warmup: list[dict[str, Any]] = []
         self.token_lines: dict[str, list[int]] = {}  # ledger uid -> its lines in token_records.jsonl
         self._lock = threading.Lock()
+        self._memo: tuple[Any, list[Episode]] | None = None
 
     def refresh(self) -> None:
         """Read what was appended since the last refresh (a replaced file: all of it again)."""
         with self._lock:
-            r = self._traj.refresh()
-            if r.reset:
-                self.table = EpisodeTable()
-            for n, _, rec in r.lines:
-                if isinstance(rec, dict):
-                    self.table.add(n, rec)
+            self._traj.refresh(self._add_episode, self._new_table)
             for index, rows in ((self._metrics, self.metrics), (self._warmup, self.warmup)):
-                m = index.refresh()
-                if m.reset:
-                    rows.clear()
-                rows.extend(rec for _, _, rec in m.lines if isinstance(rec, dict))
-            t = self._tokens.refresh()
-            if t.reset:
-                self.token_lines = {}
-            for n, _, rec in t.lines:
-                if isinstance(rec, dict) and rec.get("uid") is not None:
-                    self.token_lines.setdefault(str(rec["uid"]), []).append(n)
+                index.refresh(lambda _, rec, rows=rows: rows.append(rec) if isinstance(rec, dict) else None, rows.clear)
+            self._tokens.refresh(self._add_token_record, self.token_lines.clear)
+
+    def _new_table(self) -> None:
+        self.table = EpisodeTable()
+
+    def _add_episode(self, n: int, rec: Any) -> None:
+        if isinstance(rec, dict):
+            self.table.add(n, rec)
+
+    def _add_token_record(self, n: int, rec: Any) -> None:
+        if isinstance(rec, dict) and rec.get("uid") is not None:
+            self.token_lines.setdefault(str(rec["uid"]), []).append(n)
 
     def recorded(self, ep: Episode) -> bool:
         return ep.uid is not None and ep.uid in self.token_lines
@@ -91,7 +90,7 @@ class Source:
         """One page of the filtered, sorted list. With ``search`` (text in actions and observations) the episodes
         are decoded in list order from ``q.offset`` until a page is found or ``budget_s`` runs out; ``next`` is the
         offset to continue from (None at the end)."""
-        hits = select(self.table.episodes, q, self.recorded)
+        hits = self._select(q)
         if not search:
             items = hits[q.offset : q.offset + q.limit]
             nxt = q.offset + q.limit if q.offset + q.limit < len(hits) else None
@@ -104,6 +103,13 @@ class Source:
             i += 1
         return {"total": len(hits), "items": [self._row(e) for e in found], "next": i if i < len(hits) else None,
                 "searched": i - q.offset}  # fmt: skip
+
+    def _select(self, q: Query) -> list[Episode]:
+        """``select`` over the table, kept while the table and the token records are unchanged (paging is free)."""
+        key = (dataclasses.replace(q, offset=0, limit=0), id(self.table), self.table.changes, len(self._tokens))
+        if self._memo is None or self._memo[0] != key:
+            self._memo = (key, select(self.table.episodes, q, self.recorded))
+        return self._memo[1]
 
     def _row(self, e: Episode) -> dict[str, Any]:
         return {**dataclasses.asdict(e), "recorded": self.recorded(e)}

@@ -133,9 +133,10 @@ def test_a_source_pages_searches_and_joins_token_records(tmp_path: Path) -> None
     ep = s.episode(0, None)
     assert [g["kind"] for g in ep["segments"]] == ["prompt", "action", "observation", "action"]
     assert ep["token_records"] == [rec] and ep["summary"]["uid"] == "a"
+    assert s.page(Query(step="3"))["total"] == 0
     _append(tmp_path / "trajectories.jsonl", {"type": "event", "uid": "b", "event": "trained", "step": 3, "version": 3})
-    s.refresh()  # a live run: the new event is folded in
-    assert s.table.episodes[1].step == 3
+    s.refresh()  # a live run: the new event is folded in, and the kept selection is made again
+    assert s.table.episodes[1].step == 3 and s.page(Query(step="3"))["total"] == 1
     with pytest.raises(KeyError):
         s.episode(99, None)
 
