@@ -161,7 +161,8 @@ def select(eps: Iterable[Episode], q: Query, recorded: Callable[[Episode], bool]
     if q.sort == "line":  # file order already
         return out[::-1] if q.desc else out
     key = attrgetter(q.sort)
-    present, missing = [], []
+    present: list[Episode] = []
+    missing: list[Episode] = []
     for e in out:
         (missing if key(e) is None else present).append(e)
     present.sort(key=key, reverse=q.desc)  # stable: ties stay in file order

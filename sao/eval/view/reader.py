@@ -58,7 +58,7 @@ class Source:
         with self._lock:
             self._traj.refresh(self._add_episode, self._new_table)
             for index, rows in ((self._metrics, self.metrics), (self._warmup, self.warmup)):
-                index.refresh(lambda _, rec, rows=rows: rows.append(rec) if isinstance(rec, dict) else None, rows.clear)
+                index.refresh(_appender(rows), rows.clear)
             self._tokens.refresh(self._add_token_record, self.token_lines.clear)
 
     def _new_table(self) -> None:
@@ -152,6 +152,14 @@ class Source:
         if uid is None:
             return []
         return [self._tokens.line(n) for n in self.token_lines.get(uid, [])]
+
+
+def _appender(rows: list[dict[str, Any]]) -> Callable[[int, Any], None]:
+    def add(_: int, rec: Any) -> None:
+        if isinstance(rec, dict):
+            rows.append(rec)
+
+    return add
 
 
 def _json_file(path: Path) -> Any:
