@@ -39,6 +39,8 @@ class Episode:
     prefix_breaks: int
     oldest_version: int | None
     newest_version: int | None
+    episode: str = ""
+    """The episode this row belongs to: a training ledger's episode uid, else the runner's episode index."""
     fate: str = ""
     """Training runs: trained / dropped_stale / pending (infra errors are never trained); empty elsewhere."""
     step: int | None = None
@@ -69,6 +71,7 @@ def summarize(line: int, traj: dict[str, Any], uid: str | None = None) -> Episod
         action_tokens=sum(len(s.get("token_ids") or ()) for s in actions), row=int(info.get("row", 0) or 0),
         rows=int(info.get("rows", 1) or 1), prefix_breaks=int(info.get("prefix_breaks", 0) or 0),
         oldest_version=min(versions) if versions else None, newest_version=max(versions) if versions else None,
+        episode=str(info.get("episode", "")),
     )  # fmt: skip
 
 
@@ -90,6 +93,7 @@ class EpisodeTable:
         elif kind == "trajectory":
             self.ledger = True
             ep = summarize(line, rec.get("trajectory") or {}, uid=str(rec.get("uid")))
+            ep.episode = str(rec.get("episode") or rec.get("uid"))
             ep.fate = "" if ep.status == "infra_error" else "pending"
             self.by_uid[str(rec.get("uid"))] = len(self.episodes)
             self.episodes.append(ep)

@@ -81,7 +81,7 @@ def _ledger(tmp_path: Path) -> Path:
         {"type": "trajectory", "uid": "a", "seq": 0, "task_index": 0, "status": "ok", "arrived_version": 1,
          "trajectory": _traj("t0", 1.0, version=0, solved=True)},
         {"type": "trajectory", "uid": "b", "seq": 1, "task_index": 1, "status": "truncated", "arrived_version": 1,
-         "trajectory": _traj("t1", 0.0, "truncated", version=1, graded=True)},
+         "episode": "a", "trajectory": _traj("t1", 0.0, "truncated", version=1, graded=True)},
         {"type": "trajectory", "uid": "c", "seq": 2, "task_index": 2, "status": "infra_error", "arrived_version": 1,
          "trajectory": _traj("t2", 0.0, "infra_error")},
         {"type": "event", "uid": "a", "event": "trained", "step": 1, "version": 1},
@@ -101,6 +101,7 @@ def test_ledger_fates_steps_lags_and_endings(tmp_path: Path) -> None:
     assert (b.fate, b.step, b.ending) == ("pending", None, "graded_cut"), "a resume voids the lost branch's events"
     assert (c.fate, c.ending) == ("", "infra_error"), "infra errors are never trained"
     assert (a.turns, a.tokens, a.action_tokens, a.oldest_version, a.newest_version) == (2, 7, 3, 0, 1)
+    assert (a.episode, b.episode) == ("a", "a"), "b is the second row of a's episode (a prefix break)"
 
 
 def test_filters_sort_and_bad_input(tmp_path: Path) -> None:

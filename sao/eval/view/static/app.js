@@ -109,7 +109,7 @@ async function loadEpisodes() {
   const searched = page.searched === null ? "" : ` (text search read ${page.searched} of them from here)`;
   $("#ep-count").textContent = `${page.total} episodes match${searched}; showing ${page.items.length} from ${S.offset + 1}`;
   $("#ep-table tbody").innerHTML = page.items.map((e) => `<tr class="click" data-line="${e.line}">
-    <td>${e.line}</td><td>${num(e.step)}</td><td class="l">${esc(e.task_id)}</td><td>${num(e.reward)}</td>
+    <td title="episode ${esc(e.episode)}, row ${e.row + 1} of ${e.rows}">${e.line}</td><td>${num(e.step)}</td><td class="l">${esc(e.task_id)}</td><td>${num(e.reward)}</td>
     <td class="l ending">${esc(e.ending)}</td><td class="l">${esc(e.fate)}</td><td>${e.turns}</td><td>${e.tokens}</td>
     <td>${e.action_tokens}</td><td>${e.rows}</td><td>${e.prefix_breaks}</td><td>${num(e.lag)}</td>
     <td>${e.oldest_version === null ? "" : e.oldest_version === e.newest_version ? e.oldest_version : e.oldest_version + "-" + e.newest_version}</td>
