@@ -31,6 +31,8 @@ PLOT_KEYS = (
     "trainer_idle_frac",
     "weight_sync_s",
     "skipped_steps",
+    "rss_gib",
+    "peak_rss_gib",
 )
 
 

@@ -39,6 +39,7 @@ from sao.agent.engines.protocols import Engine
 from sao.agent.engines.registry import InProcessArgs, ServeArgs, engine_spec, make_demonstrator
 from sao.agent.episodes import episodes_of, is_last_row
 from sao.agent.records import Trajectory
+from sao.core import memory
 from sao.core.console import say
 from sao.core.jsonl import write_json_atomic, write_text_durably
 from sao.core.paths import resolve_model_path
@@ -359,6 +360,7 @@ def run_stages(cfg: Config, resume: str | None, train: TrainFn) -> Path:
                 say(f"== stage {i + 1}/{len(cfg.stages)}: {stage} ({out})")
             c = _with_model(cfg, model)
             cpu0 = _cpu_s()
+            memory.reset_peak_rss()
             res = {}
             if stage in ("collect", "eval"):
                 if rank0:
@@ -374,6 +376,7 @@ def run_stages(cfg: Config, resume: str | None, train: TrainFn) -> Path:
             res["stage"] = stage
             res["cpu_s"] = _cpu_s() - cpu0
             res["load_avg"] = os.getloadavg()[0]
+            res["peak_rss_gib"] = round(memory.run_peak_rss() / 2**30, 2)  # this stage's, on this rank
             if rank0:
                 write_json_atomic(done, res)
             dist_utils.barrier()
@@ -402,12 +405,7 @@ def _release_memory() -> None:
     not sit on the previous one's memory (an eval after ``train`` was seen holding ~9 GiB and was OOM-killed on a
     busy machine; SmolLM2 + one AdamW step, deleted: 1,037 MiB resident after gc, 441 MiB after the trim)."""
     gc.collect()
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc: nothing to trim
-        pass
+    memory.trim_heap()
 
 
 def _cpu_s() -> float:
