@@ -86,7 +86,8 @@ def _messages(i: int, replies: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 async def _gateway_episode(gw: Any, client: Any, i: int, cfg: GatewayBenchConfig) -> tuple[Any, float]:
     """One episode through the gateway: (its session record, the summed client wall time of its calls)."""
-    base = gw.open_session(f"bench-{i}-{time.monotonic_ns()}")
+    sid = f"bench-{i}-{time.monotonic_ns()}"
+    base = gw.open_session(sid)
     replies: list[dict[str, Any]] = []
     client_s = 0.0
     for _ in range(cfg.turns):
@@ -96,7 +97,7 @@ async def _gateway_episode(gw: Any, client: Any, i: int, cfg: GatewayBenchConfig
         client_s += time.perf_counter() - t0
         resp.raise_for_status()
         replies.append(resp.json()["choices"][0]["message"])
-    return gw.close_session(base.rsplit("/", 2)[-2]), client_s
+    return gw.close_session(sid), client_s
 
 
 @dataclass

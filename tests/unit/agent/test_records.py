@@ -29,12 +29,13 @@ def trajectory(draw: st.DrawFn) -> Trajectory:
             )
         )
         segs.append(Segment("observation", tuple(draw(st.lists(st.integers(0, 50000), max_size=4)))))
+    status = draw(st.sampled_from(["ok", "truncated", "infra_error"]))
     return Trajectory(
         task_id=draw(st.text(max_size=8)),
         env_id="sao/test",
         segments=tuple(segs),
-        reward=draw(st.floats(-1, 1)),
-        status=draw(st.sampled_from(["ok", "truncated", "infra_error"])),
+        reward=0.0 if status == "infra_error" else draw(st.floats(-1, 1)),  # no outcome: written as null
+        status=status,
         info=draw(st.dictionaries(st.text(max_size=5), st.one_of(st.integers(), st.text(max_size=5)), max_size=3)),
         timings={"total_s": draw(st.floats(0, 100))},
         group_id=draw(st.one_of(st.none(), st.integers(0, 10**6))),
@@ -89,3 +90,16 @@ def test_records_written_before_group_ids_still_load(tmp_path: Path) -> None:
     assert isinstance(rows, datasets.Dataset)
     assert from_dataset(rows) == [t]
     assert Trajectory.from_dict({**d, "group_id": 3}).group_id == 3
+
+
+def test_an_infra_error_is_written_without_a_reward(tmp_path: Path) -> None:
+    """An outcome nobody gave is never written as a reward (issue 44): ``"reward": null`` on disk, and a null
+    reward is refused on anything but an infra error."""
+    import json
+
+    failed = Trajectory("t", "sao/test", (), 0.0, "infra_error", {"infra_error": "the engine died"})
+    write_jsonl(tmp_path / "t.jsonl", [failed])
+    assert json.loads((tmp_path / "t.jsonl").read_text())["reward"] is None
+    assert list(read_jsonl(tmp_path / "t.jsonl")) == [failed]
+    with pytest.raises(ValueError, match="only an infra_error"):
+        Trajectory.from_dict({**failed.to_dict(), "status": "ok"})
