@@ -1,12 +1,15 @@
 """The gateway alone (``sao serve --gateway``): a user's own process plays episodes, SAO records them.
 
-Sessions open on first use (``/s/<any id>/v1`` or the id as the API key). A process ends an episode with
-``POST /s/<id>/close`` and a JSON body ``{"reward": 1.0, "task_id": "...", "status": "ok", "info": {...}}``; the
+A process opens each episode's session with ``POST /sessions`` (optionally ``{"session_id": "..."}``), answered with
+its ``base_url`` (``/s/<key>/v1``, the key unguessable) and ``api_key``; it ends the episode with
+``POST /s/<key>/close`` and a JSON body ``{"reward": 1.0, "task_id": "...", "status": "ok", "info": {...}}``; the
 session's rows are then appended to ``OUT/trajectories.jsonl`` (one trajectory per row, ``sao.agent.records``) and
 a summary line to ``OUT/sessions.jsonl``. An outcome nobody gave is never written as a reward: a session closed
 without a reward, left idle for ``idle_s`` or still open when the gateway stops is written with
-``status="infra_error"`` (kept, counted, never trained on) and says why in ``info["infra_error"]``. A session whose
-rows differ from the engine's record (``SessionRecord.exactness_errors``; never expected) is written the same way.
+``status="infra_error"`` and ``"reward": null`` (kept, counted, never trained on) and says why in
+``info["infra_error"]``. A session whose context budget ran out, closed with a reward, is a graded truncation. A
+session whose rows differ from the engine's record (``SessionRecord.exactness_errors``; never expected) is written
+as an infra error too.
 """
 
 from __future__ import annotations
@@ -134,8 +137,8 @@ async def run_standalone(model_spec: str, options: StandaloneOptions, echo: Call
             await asyncio.sleep(0.05)
         if gateway.serving:
             url = gateway.url
-            echo(f"gateway on {url}: base URL {url}/s/<session>/v1 (or {url}/v1 with the session id as the API key)")
-            echo(f'end a session with POST {url}/s/<session>/close {{"reward": ...}}')
+            echo(f"gateway on {url}: POST {url}/sessions opens a session and answers its base_url and api_key")
+            echo(f'end a session with POST {url}/s/<key>/close {{"reward": ...}}')
         await serving
     finally:
         await built.engine.close()
