@@ -75,3 +75,11 @@ class Sandbox(Protocol):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None: ...
+
+
+@runtime_checkable
+class RootCommands(Protocol):
+    """A sandbox that runs its owner's own trusted steps as the container's root (Docker: ``exec_as_root``), e.g. the
+    SWE env keeping its repository's base and the grader writing its eval script out of the agent's reach."""
+
+    async def exec_as_root(self, argv: list[str], timeout: float = 120.0, stdin: bytes = b"") -> tuple[int, str]: ...

@@ -153,6 +153,12 @@ class SWEEnv(ToolEnv):
         self._sandbox: Sandbox | None = None
         self._task: dict[str, Any] | None = None
 
+    @property
+    def pids_per_episode(self) -> int:
+        """The most processes one episode's sandboxes may hold at once: the agent's and, while it grades, the
+        grader's (``setup`` checks the host's process table against this times the runner's concurrency)."""
+        return 2 * self.sandbox_cfg.pids_limit
+
     # ---- ToolEnv hooks -------------------------------------------------------------------------------------
     def sample_task(self, rng: np.random.Generator) -> Any:
         if not self._tasks:
@@ -190,8 +196,13 @@ class SWEEnv(ToolEnv):
         self._task = task
         image = task["image"]
         await asyncio.to_thread(_ensure_image, image, task["instance_id"], self.sandbox_cfg.docker_host)
-        from sao.sandboxes.pool import acquire_sandbox
+        from sao.sandboxes.headroom import check_pid_headroom
+        from sao.sandboxes.pool import acquire_sandbox, active_pools
 
+        pools = active_pools()  # sized from the episode runner's concurrency: that many episodes at once
+        if pools is not None:
+            where = "concurrency (rollout.concurrency, eval --workers)"
+            check_pid_headroom(pools.size, self.pids_per_episode, where, self.sandbox_cfg.docker_host)
         env = {"PATH": PATH, **self.sandbox_cfg.env}
         cfg = dataclasses.replace(self.sandbox_cfg, image=image, workdir=REPO_DIR, env=env)
         self._sandbox = await acquire_sandbox(cfg)  # warm when the episode runner keeps a pool of this image

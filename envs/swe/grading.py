@@ -39,7 +39,7 @@ from typing import Any
 from sao.envs.swe.patch_policy import apply_policy
 from sao.sandboxes.backend import make_sandbox
 from sao.sandboxes.config import SandboxConfig
-from sao.sandboxes.protocols import ImageNotFoundError, Sandbox, SandboxDiedError, SandboxError
+from sao.sandboxes.protocols import ImageNotFoundError, RootCommands, Sandbox, SandboxDiedError, SandboxError
 
 REPO_DIR = "/testbed"
 # Our images keep deps in /opt/venv, official SWE-bench images in the conda env "testbed": both go first on PATH.
@@ -179,6 +179,8 @@ async def _grade_in(sb: Sandbox, spec: Any, pred: dict[str, Any], cfg: SandboxCo
     iid = spec.instance_id
     t0 = time.monotonic()
     # before the patch is in the container: a refusal here is not the patch's doing
+    if not isinstance(sb, RootCommands):
+        raise SandboxError(f"the grading sandbox {type(sb).__name__} cannot run root's steps (exec_as_root)")
     code, out = await sb.exec_as_root(["sh", "-c", _WRITE_EVAL], stdin=spec.eval_script.encode())
     if code != 0:
         raise SandboxError(f"could not write the eval script into the grading sandbox (exit {code}): {out[-300:]}")

@@ -27,10 +27,9 @@ from __future__ import annotations
 
 import errno
 import shlex
-from typing import Any
 
 from sao.envs.swe.grading import REPO_DIR
-from sao.sandboxes.protocols import SandboxError
+from sao.sandboxes.protocols import RootCommands, Sandbox, SandboxError
 
 BASE_DIR = "/var/lib/sao-grade"
 TAKE_TIMEOUT_S = 300
@@ -74,17 +73,23 @@ class BrokenRepoError(Exception):
     """The agent left a repository the patch cannot be taken from: an unresolved grade, this message its reason."""
 
 
-async def keep_base(sb: Any) -> None:
+def _root(sb: Sandbox) -> RootCommands:
+    if not isinstance(sb, RootCommands):
+        raise SandboxError(f"the SWE env needs a sandbox that runs root's steps (Docker), got {type(sb).__name__}")
+    return sb
+
+
+async def keep_base(sb: Sandbox) -> None:
     """Keep the repository's base out of the agent's reach (see the module docstring); before the agent acts."""
-    code, out = await sb.exec_as_root([*_CLEAN_ENV, "sh", "-c", KEEP_BASE], timeout=600)
+    code, out = await _root(sb).exec_as_root([*_CLEAN_ENV, "sh", "-c", KEEP_BASE], timeout=600)
     if code != 0:
         raise SandboxError(f"could not keep the base of {REPO_DIR} for grading (exit {code}): {out[-500:]}")
 
 
-async def take_patch(sb: Any, timeout_s: float = TAKE_TIMEOUT_S) -> str:
+async def take_patch(sb: Sandbox, timeout_s: float = TAKE_TIMEOUT_S) -> str:
     """The working tree's changes against the kept base, as a binary git patch (see the module docstring)."""
     argv = [*_CLEAN_ENV, "sh", "-c", TAKE_PATCH, "take", str(int(timeout_s))]
-    code, out = await sb.exec_as_root(argv, timeout=timeout_s + 120)
+    code, out = await _root(sb).exec_as_root(argv, timeout=timeout_s + 120)
     if code == 137:
         raise BrokenRepoError(f"taking the patch of {REPO_DIR} ran past {int(timeout_s)} s (is the working tree huge?)")
     if code == 4:
@@ -92,7 +97,7 @@ async def take_patch(sb: Any, timeout_s: float = TAKE_TIMEOUT_S) -> str:
     if code != 0:
         raise SandboxError(f"could not take the patch of {REPO_DIR} (exit {code}): {out[-500:]}")
     try:
-        return str(await sb.read_file(PATCH_PATH))
+        return await sb.read_file(PATCH_PATH)
     except OSError as e:
         if e.errno == errno.EFBIG:
             raise BrokenRepoError(f"the patch is over sandbox.read_limit_bytes: {e}") from e

@@ -80,15 +80,8 @@ def _run_id(preds: list[dict[str, Any]]) -> str:
     return f"sao-{digest}"
 
 
-def grade_with_harness(
-    preds: list[dict[str, Any]], records: list[dict[str, Any]], workdir: Path, *, workers: int = 2,
-    timeout_s: int = 1800,
-) -> dict[str, Any]:  # fmt: skip
-    """Grade ``preds`` on ``records`` with the official harness run in ``workdir``; return counts and verdicts.
-    Each patch is first cut to source by the patch policy the training reward uses
-    (``sao.envs.swe.patch_policy``): the harness grades what is kept, ``dropped`` says what was not and why."""
-    from swebench.harness.constants import APPLY_PATCH_FAIL, LOG_INSTANCE, LOG_REPORT, RUN_EVALUATION_LOG_DIR
-
+def _cut_to_source(preds: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, list[dict[str, str]]]]:
+    """(the predictions with each patch cut by the patch policy, what was dropped from each by instance id)."""
     from sao.envs.swe.patch_policy import apply_policy
 
     dropped: dict[str, list[dict[str, str]]] = {}
@@ -98,7 +91,18 @@ def grade_with_harness(
         if policy.dropped:
             dropped[p["instance_id"]] = policy.report()
         graded.append({**p, "model_patch": policy.patch})
-    preds = graded
+    return graded, dropped
+
+
+def grade_with_harness(
+    preds: list[dict[str, Any]], records: list[dict[str, Any]], workdir: Path, *, workers: int = 2,
+    timeout_s: int = 1800,
+) -> dict[str, Any]:  # fmt: skip
+    """Grade ``preds`` on ``records`` with the official harness run in ``workdir``; return counts and verdicts.
+    The harness grades each patch cut to source by the training reward's patch policy (``dropped``: the rest)."""
+    from swebench.harness.constants import APPLY_PATCH_FAIL, LOG_INSTANCE, LOG_REPORT, RUN_EVALUATION_LOG_DIR
+
+    preds, dropped = _cut_to_source(preds)
     workdir = workdir.resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     by_id = {r["instance_id"]: r for r in records}
