@@ -2,13 +2,18 @@
 
 An episode: a DockerSandbox (no network) from the instance's image, the repo at ``/testbed``; the user message is
 the problem statement; the tools are ``bash``, ``str_replace_editor`` and ``submit``. On ``submit`` (or when a
-limit ends the episode) the env takes ``git diff`` of the repo against ``base_commit`` (new files included, test
-files excluded), runs the instance's eval script in a FRESH sandbox from the same image with that patch applied,
-confined by the env's own sandbox config (``sao.envs.swe.grading.grade_patch_async``: unprivileged user, pids,
-disk, CPU and memory limits, no network) and grades the log with ``swebench.harness.grading.get_eval_report``.
+limit ends the episode) the env takes the repo's changes against the base it kept at setup, with a git the agent
+cannot configure (``sao.envs.swe.repo_patch``: what is graded is what is on disk; new files included), cuts the
+patch to source (``sao.envs.swe.patch_policy``: tests, conftest, test config, start-up hooks, plugins and the like
+are dropped, listed in ``info["report"]["dropped_paths"]``), runs the instance's eval script in a FRESH sandbox from
+the same image with that patch applied, confined by the env's own sandbox config
+(``sao.envs.swe.grading.grade_patch_async``: unprivileged user, pids, disk, CPU and memory limits, no network) and
+grades the log with ``swebench.harness.grading.get_eval_report``.
 Reward 1.0 if resolved else 0.0; ``info["report"]`` is the swebench report of the instance plus the graded patch,
-and ``failure`` / ``reason`` when the patch's run ended badly (timeout, fork bomb, memory, disk: a scored failure).
-A Docker failure (sandbox or grader) ends the episode with ``info["infra_error"]``, never a reward of 0.
+and ``failure`` / ``reason`` when the patch's run ended badly (timeout, fork bomb, memory, disk: a scored failure)
+or the agent left a working tree git cannot read (``broken_repo``: reward 0, never an infra error; a deleted
+``.git``, a stale lock or a rewritten HEAD change nothing, the base is the env's own). A Docker failure (sandbox or
+grader) ends the episode with ``info["infra_error"]``, never a reward of 0.
 
 No reachable fix: our offline task images hold a one-commit repository and no copy of the package's original source
 (``sao.envs.swe.tasks.images``; ``tests/integration/swe/test_task_integrity.py`` audits every image the builder makes).
@@ -27,8 +32,9 @@ images; there is no network to use it anyway) and pip/setuptools wheels bundling
 an official image is not changed beyond its repository (its environment may hold other copies); the problem
 statement names the failing tests and their errors; the test files are in the repo (restored from ``base_commit``
 before grading, so editing them changes nothing, but reading them shows the expected behaviour, as in SWE-bench);
-library code runs inside the grader's pytest, so a patch could still tamper with pytest itself (the reward is
-only as strong as the test run; nothing here detects that).
+library code runs inside the grader's pytest, so a source change could still tamper with pytest itself or print
+forged results when imported (the reward is only as strong as the test run; nothing here detects that). The
+hostile-policy suite for the reward is ``tests/integration/swe/test_hostile_rewards.py``.
 
 Sized for small contexts: a tool result longer than ``max_obs_lines`` lines keeps its first and last lines around
 a visible ``... N lines omitted ...`` line, and lines longer than ``max_line_chars`` are cut the same way
