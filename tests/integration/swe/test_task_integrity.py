@@ -166,7 +166,7 @@ def test_images_made_elsewhere_lose_their_future_history(base_image: str, docker
         bash("printf 'def f():\\n    return 1\\n' > m.py && echo 'def test_f(): pass' > test_m.py")
         _, reward, terminated, _, info = env.step('<tool_call>{"name": "submit", "arguments": {}}</tool_call>')
         assert terminated and reward == 1.0, info
-        assert "test_m.py" not in info["report"]["model_patch"]
+        assert [d["path"] for d in info["report"]["dropped_paths"]] == ["test_m.py"]  # the test edit never graded
     finally:
         env.close()
         docker_client.images.remove(image.id, force=True)
