@@ -80,6 +80,7 @@ class TrajectorySink:
             "calls": record.calls,
             "context_exhausted": record.context_exhausted,
             "engine_errors": record.engine_errors,
+            "discarded": record.discarded,
             "reward": close.reward,
             "status": status,
         }
