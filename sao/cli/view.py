@@ -20,8 +20,10 @@ def register(app: typer.Typer) -> None:
 
     @app.command("view")
     def view(
-        run_dir: Path = typer.Argument(
-            ..., help="a run folder: sao train (staged or not), sao eval / sao collect --out, sao serve --gateway --out"
+        run_dirs: list[Path] = typer.Argument(
+            ...,
+            help="run folder(s): sao train (staged or not), sao eval / sao collect --out, sao serve --gateway --out; "
+            "two or more: side by side",
         ),
         port: int = typer.Option(0, help="port (0: a free one)"),
         host: str = typer.Option("127.0.0.1", help="address to listen on (the page has no login: keep it local)"),
@@ -30,8 +32,9 @@ def register(app: typer.Typer) -> None:
         """Serve a page of the run on HOST:PORT and print its URL; it reads the files as they grow. Ctrl-C stops."""
         from sao.eval.view.server import serve
 
-        if not run_dir.is_dir():
-            raise typer.BadParameter(f"{run_dir} is not a folder: pass a run folder (sao train / eval --out)")
+        for d in run_dirs:
+            if not d.is_dir():
+                raise typer.BadParameter(f"{d} is not a folder: pass a run folder (sao train / eval --out)")
         port = port or _free_port(host)
-        typer.echo(f"sao view: http://{host}:{port}/  ({run_dir}; Ctrl-C stops)", err=False)
-        serve(run_dir, host, port, tokenizer or None)
+        typer.echo(f"sao view: http://{host}:{port}/  ({', '.join(map(str, run_dirs))}; Ctrl-C stops)")
+        serve(run_dirs, host, port, tokenizer or None)

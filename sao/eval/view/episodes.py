@@ -171,3 +171,14 @@ def select(eps: Iterable[Episode], q: Query, recorded: Callable[[Episode], bool]
         (missing if key(e) is None else present).append(e)
     present.sort(key=key, reverse=q.desc)  # stable: ties stay in file order
     return present + missing
+
+
+def solved_by_task(eps: Iterable[Episode]) -> dict[str, int]:
+    """``{task: 1 if solved else 0}`` over the episodes that were not infra errors, each episode by its last row
+    (``info["solved"]``, else a positive reward), the last episode of a task winning: the scorer's rule
+    (``sao.eval.scores.episode_scores``)."""
+    out: dict[str, int] = {}
+    for e in eps:
+        if e.ending != "infra_error" and e.row + 1 >= e.rows:
+            out[e.task_id] = int(e.solved if e.solved is not None else (e.reward or 0.0) > 0)
+    return out

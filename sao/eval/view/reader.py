@@ -15,11 +15,11 @@ import json
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sao.eval.view.episodes import Episode, EpisodeTable, Query, select
+from sao.eval.scores import paired_difference
+from sao.eval.view.episodes import Episode, EpisodeTable, Query, select, solved_by_task
 from sao.eval.view.formats import (
     CRITIC_WARMUP,
     METRICS,
@@ -39,9 +39,9 @@ Decode = Callable[[list[int]], list[str]]
 class Source:
     """One folder's episodes, metrics and token records, indexed incrementally."""
 
-    def __init__(self, root: Path, folder: Path) -> None:
+    def __init__(self, root: Path, folder: Path, prefix: str = "") -> None:
         self.folder = folder
-        self.name = folder.relative_to(root).as_posix() if folder != root else "."
+        self.name = prefix + (folder.relative_to(root).as_posix() if folder != root else ".")
         self._traj = LineIndex(folder / TRAJECTORIES)
         self._metrics = LineIndex(folder / METRICS)
         self._warmup = LineIndex(folder / CRITIC_WARMUP)
@@ -169,44 +169,65 @@ def _json_file(path: Path) -> Any:
         return None
 
 
-@dataclass
 class Run:
-    """The folder `sao view` was given, and its sources (found again on every ``sources()`` call: a staged run
-    adds a folder per stage as it goes)."""
+    """The folder(s) `sao view` was given, and their sources (found again on every ``sources()`` call: a staged
+    run adds a folder per stage as it goes). With several folders (two runs side by side) a source's name starts with
+    its run's folder name."""
 
-    root: Path
-
-    def __post_init__(self) -> None:
-        if not self.root.is_dir():
-            raise ValueError(f"{str(self.root)!r} is not a folder; pass a run folder (sao train / eval --out / serve)")
+    def __init__(self, *roots: Path) -> None:
+        for root in roots:
+            if not root.is_dir():
+                raise ValueError(f"{str(root)!r} is not a folder; pass a run folder (sao train / eval --out / serve)")
+        if not roots:
+            raise ValueError("pass at least one run folder")
+        self.roots = list(roots)
+        self.root = roots[0]
         self._sources: dict[str, Source] = {}
 
     def sources(self) -> list[Source]:
-        folders = [self.root, *sorted(p for p in self.root.iterdir() if p.is_dir())]
-        for f in folders:
-            if any((f / n).is_file() for n in (TRAJECTORIES, METRICS)):
-                s = self._sources.get(f.as_posix())
-                if s is None:
-                    s = self._sources[f.as_posix()] = Source(self.root, f)
-                s.refresh()
+        for root in self.roots:
+            prefix = f"{root.resolve().name}/" if len(self.roots) > 1 else ""
+            for f in [root, *sorted(p for p in root.iterdir() if p.is_dir())]:
+                if any((f / n).is_file() for n in (TRAJECTORIES, METRICS)):
+                    s = self._sources.get(f.as_posix())
+                    if s is None:
+                        s = self._sources[f.as_posix()] = Source(root, f, prefix)
+                    s.refresh()
         return list(self._sources.values())
 
     def source(self, name: str) -> Source:
         for s in self.sources():
             if s.name == name:
                 return s
-        raise KeyError(f"no source {name!r} in {self.root}; the run lists its sources at /api/run")
+        raise KeyError(f"no source {name!r} in {', '.join(map(str, self.roots))}; /api/run lists the sources")
+
+    def compare(self, a: str, b: str) -> dict[str, Any]:
+        """Two sources' episodes task by task (e.g. the evals before and after RL): solved in each, the paired
+        difference over the tasks both ran (mean, standard error, count), and the tasks gained and lost."""
+        before, after = solved_by_task(self.source(a).table.episodes), solved_by_task(self.source(b).table.episodes)
+        mean, se, n = paired_difference(before, after)
+        common = sorted(set(before) & set(after))
+        return {
+            "a": a, "b": b, "n": n, "mean": None if n == 0 else mean, "se": None if n < 2 else se,
+            "solved_a": sum(before[t] for t in common), "solved_b": sum(after[t] for t in common),
+            "gained": [t for t in common if after[t] > before[t]], "lost": [t for t in common if after[t] < before[t]],
+            "only_a": len(set(before) - set(after)), "only_b": len(set(after) - set(before)),
+        }  # fmt: skip
 
     def describe(self) -> dict[str, Any]:
-        """The run: its name, its sources, and the summary of a staged run or the report of an eval."""
+        """The run(s): names, sources, and per run the summary of a staged run or the report of an eval."""
+        runs = [{"name": r.resolve().name, "path": str(r), "summary": _json_file(r / SUMMARY),
+                 "report": _json_file(r / REPORT)} for r in self.roots]  # fmt: skip
         return {
-            "name": self.root.resolve().name,
-            "path": str(self.root),
+            "name": " vs ".join(str(r["name"]) for r in runs),
             "sources": [s.describe() for s in self.sources()],
-            "summary": _json_file(self.root / SUMMARY),
-            "report": _json_file(self.root / REPORT),
-            "model": tokenizer_source(self.root),
+            "runs": runs,
+            "model": self.tokenizer(),
         }
+
+    def tokenizer(self) -> str | None:
+        """The first tokenizer one of the runs names (``tokenizer_source``)."""
+        return next((t for t in map(tokenizer_source, self.roots) if t), None)
 
 
 def tokenizer_source(run: Path) -> str | None:

@@ -6,7 +6,8 @@ API (every call re-reads what the run appended since the last one):
 - ``GET /api/metrics?source=S``: the per-step metrics (and critic warm-up steps) of a source;
 - ``GET /api/episodes?source=S&...``: one page of the episode list (``Query``'s fields, and ``q`` for text in
   actions and observations);
-- ``GET /api/episode?source=S&line=N``: one episode, one text piece per token, with its per-token records.
+- ``GET /api/episode?source=S&line=N``: one episode, one text piece per token, with its per-token records;
+- ``GET /api/compare?a=S1&b=S2``: two sources task by task (solved before / after, paired difference).
 """
 
 from __future__ import annotations
@@ -19,15 +20,16 @@ from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 
 from sao.eval.view.episodes import Query
-from sao.eval.view.reader import Decoder, Run, Source, tokenizer_source
+from sao.eval.view.reader import Decoder, Run, Source
 
 STATIC = Path(__file__).parent / "static"
 
 
-def make_app(run_dir: Path, tokenizer: str | None = None) -> FastAPI:
-    """The app over ``run_dir``; token text decodes with ``tokenizer`` (default: the run's model)."""
-    run = Run(run_dir)
-    decode = Decoder(tokenizer or tokenizer_source(run_dir))
+def make_app(run_dirs: list[Path], tokenizer: str | None = None) -> FastAPI:
+    """The app over ``run_dirs`` (one run, or several side by side); token text decodes with ``tokenizer`` (default:
+    the runs' model)."""
+    run = Run(*run_dirs)
+    decode = Decoder(tokenizer or run.tokenizer())
     app = FastAPI(title="sao view", docs_url=None, redoc_url=None, openapi_url=None)
 
     def find(name: str) -> Source:
@@ -44,6 +46,13 @@ def make_app(run_dir: Path, tokenizer: str | None = None) -> FastAPI:
     def get_metrics(source: str = ".") -> dict[str, Any]:
         s = find(source)
         return {"metrics": s.metrics, "critic_warmup": s.warmup}
+
+    @app.get("/api/compare")
+    def get_compare(a: str, b: str) -> dict[str, Any]:
+        try:
+            return run.compare(a, b)
+        except KeyError as e:
+            raise HTTPException(404, str(e)) from e
 
     @app.get("/api/episodes")
     def get_episodes(
@@ -74,8 +83,8 @@ def make_app(run_dir: Path, tokenizer: str | None = None) -> FastAPI:
     return app
 
 
-def serve(run_dir: Path, host: str = "127.0.0.1", port: int = 8765, tokenizer: str | None = None) -> None:
+def serve(run_dirs: list[Path], host: str = "127.0.0.1", port: int = 8765, tokenizer: str | None = None) -> None:
     """Serve the page until interrupted (uvicorn prints nothing but errors; the caller prints the URL)."""
     import uvicorn
 
-    uvicorn.run(make_app(run_dir, tokenizer), host=host, port=port, log_level="warning")
+    uvicorn.run(make_app(run_dirs, tokenizer), host=host, port=port, log_level="warning")

@@ -116,6 +116,17 @@ def test_the_page_shows_steps_filters_episodes_and_token_overlays(
 
     d, wait = browser, WebDriverWait(browser, 60)
     rows = lambda: d.find_elements(By.CSS_SELECTOR, "#ep-table tbody tr")  # noqa: E731
+
+    def shown(ending: str, recorded: bool = False) -> str:
+        """The list's count line once the page shows the answer to this filter (not an earlier one's)."""
+
+        def ready(d: Any) -> str | None:
+            count = d.find_element(By.ID, "ep-count")
+            q = json.loads(count.get_attribute("data-query") or "{}")
+            return count.text if q.get("ending") == ending and q.get("recorded") == recorded else None
+
+        return str(wait.until(ready))
+
     d.get(view_url)
     wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#step-table tr[data-step]")) == 4)
     assert len(d.find_elements(By.CSS_SELECTOR, "#charts .uplot")) >= 5, "the metrics charts were not drawn"
@@ -123,17 +134,16 @@ def test_the_page_shows_steps_filters_episodes_and_token_overlays(
 
     ledger = _ledger(toy_run)
     d.find_element(By.ID, "tab-episodes").click()
-    wait.until(lambda d: d.find_element(By.ID, "ep-count").text.startswith(f"{len(ledger)} episodes match"))
+    assert shown("").startswith(f"{len(ledger)} episodes match")
     # filter by how episodes ended: every row shown is ok, as many as the ledger holds; none was truncated
     Select(d.find_element(By.ID, "f-ending")).select_by_value("ok")
-    n_ok = sum(r["status"] == "ok" for r in ledger)
-    wait.until(lambda d: d.find_element(By.ID, "ep-count").text.startswith(f"{n_ok} episodes match"))
+    assert shown("ok").startswith(f"{sum(r['status'] == 'ok' for r in ledger)} episodes match")
     assert {c.text for c in d.find_elements(By.CSS_SELECTOR, "#ep-table td.ending")} == {"ok"}
     Select(d.find_element(By.ID, "f-ending")).select_by_value("truncated")
-    wait.until(lambda d: d.find_element(By.ID, "ep-count").text.startswith("0 episodes match") and not rows())
+    assert shown("truncated").startswith("0 episodes match") and not rows()
     Select(d.find_element(By.ID, "f-ending")).select_by_value("")
     d.find_element(By.ID, "f-recorded").click()  # the 4 x 4 episodes with per-token records
-    wait.until(lambda d: d.find_element(By.ID, "ep-count").text.startswith("16 episodes match"))
+    assert shown("", recorded=True).startswith("16 episodes match")
     _shot(d, "episodes", tmp_path)
 
     first = rows()[0]

@@ -159,3 +159,18 @@ def test_run_finds_stage_folders_and_its_tokenizer(tmp_path: Path) -> None:
     assert tokenizer_source(eval_dir) == "/models/x"
     with pytest.raises(ValueError, match="not a folder"):
         Run(tmp_path / "missing")
+
+
+def test_two_sources_compared_task_by_task_and_two_runs_side_by_side(tmp_path: Path) -> None:
+    a, b = tmp_path / "before", tmp_path / "after"
+    for folder, solved in ((a, {"t1": 0, "t2": 1, "t3": 0, "t4": 1}), (b, {"t1": 1, "t2": 1, "t3": 0, "t5": 1})):
+        folder.mkdir()
+        _append(folder / "trajectories.jsonl", *(_traj(t, float(s), solved=bool(s)) for t, s in solved.items()))
+    _append(b / "trajectories.jsonl", _traj("t3", 0.0, "infra_error"))  # an infra error is no outcome
+    run = Run(a, b)
+    assert [s["name"] for s in run.describe()["sources"]] == ["before/.", "after/."]
+    c = run.compare("before/.", "after/.")
+    assert (c["n"], c["solved_a"], c["solved_b"], c["gained"], c["lost"]) == (3, 1, 2, ["t1"], [])
+    assert c["mean"] == pytest.approx(1 / 3) and (c["only_a"], c["only_b"]) == (1, 1)
+    with pytest.raises(KeyError, match="no source 'x'"):
+        run.compare("x", "after/.")

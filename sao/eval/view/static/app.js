@@ -44,16 +44,33 @@ function runTables(run) {
     const cols = ["stage", ...new Set(rows.flatMap((r) => Object.keys(r)).filter((k) => k !== "stage" && k !== "model" && k !== "critic"))];
     html += "<h3>Stages</h3>" + table(rows, cols);
   }
-  const evals = run.summary && run.summary.evals;
-  if (evals && evals.length) {
-    const cols = ["label", ...new Set(evals.flatMap((e) => Object.keys(e)).filter((k) => k !== "label" && typeof evals[0][k] !== "object"))];
-    html += "<h3>Evals</h3>" + table(evals, cols);
+  for (const r of run.runs) {
+    const title = run.runs.length > 1 ? ` of ${esc(r.name)}` : "";
+    const evals = r.summary && r.summary.evals;
+    if (evals && evals.length) {
+      const cols = ["label", ...new Set(evals.flatMap((e) => Object.keys(e)).filter((k) => k !== "label" && typeof evals[0][k] !== "object"))];
+      html += `<h3>Evals${title}</h3>` + table(evals, cols);
+    }
+    if (r.report) {
+      const flat = Object.entries(r.report).filter(([, v]) => typeof v !== "object");
+      html += `<h3>Report${title}</h3>` + table(flat.map(([k, v]) => ({ key: k, value: v })), ["key", "value"], "kv");
+    }
   }
-  if (run.report) {
-    const flat = Object.entries(run.report).filter(([, v]) => typeof v !== "object");
-    html += "<h3>Report</h3>" + table(flat.map(([k, v]) => ({ key: k, value: v })), ["key", "value"], "kv");
+  const withEpisodes = run.sources.filter((s) => s.episodes).map((s) => s.name);
+  if (withEpisodes.length > 1) {
+    const opts = (sel) => withEpisodes.map((n) => `<option value="${esc(n)}"${n === sel ? " selected" : ""}>${esc(n)}</option>`).join("");
+    html += `<h3>Compare task by task</h3><select id="cmp-a">${opts(withEpisodes[withEpisodes.length - 2])}</select> vs
+      <select id="cmp-b">${opts(withEpisodes[withEpisodes.length - 1])}</select> <button id="cmp-go">compare</button><div id="cmp-out"></div>`;
   }
   return html;
+}
+
+async function compare() {
+  const c = await api("compare", { a: $("#cmp-a").value, b: $("#cmp-b").value });
+  const diff = c.mean === null ? "no task in common" : `paired difference ${num(c.mean)}${c.se === null ? "" : " ± " + num(c.se)} over ${c.n} tasks`;
+  $("#cmp-out").innerHTML = `<p>solved ${c.solved_a} → ${c.solved_b} of the ${c.n} tasks both ran; ${diff};
+    gained ${c.gained.length}, lost ${c.lost.length}${c.only_a || c.only_b ? ` (${c.only_a} tasks only in the first, ${c.only_b} only in the second)` : ""}</p>
+    <p>gained: ${c.gained.map(esc).join(", ") || "none"}<br>lost: ${c.lost.map(esc).join(", ") || "none"}</p>`;
 }
 
 const CHARTS = [
@@ -103,8 +120,11 @@ function filters() {
 }
 async function loadEpisodes() {
   say("");
+  const asked = filters(), ticket = (S.ticket = (S.ticket || 0) + 1);
   let page;
-  try { page = await api("episodes", filters()); } catch (e) { say(e.message); return; }
+  try { page = await api("episodes", asked); } catch (e) { say(e.message); return; }
+  if (ticket !== S.ticket) return; // a later request owns the table
+  $("#ep-count").dataset.query = JSON.stringify(asked);
   S.next = page.next;
   const searched = page.searched === null ? "" : ` (text search read ${page.searched} of them from here)`;
   $("#ep-count").textContent = `${page.total} episodes match${searched}; showing ${page.items.length} from ${S.offset + 1}`;
@@ -203,6 +223,7 @@ function wire() {
     if (!tr) return;
     $("#f-step").value = tr.dataset.step; S.offset = 0; show("episodes"); loadEpisodes();
   };
+  $("#run-tables").onclick = (ev) => { if (ev.target.id === "cmp-go") compare().catch((e) => say(e.message)); };
   $("#overlay").onchange = drawTokens;
   $("#conversation").onmouseover = (ev) => { const t = ev.target.closest(".tok.action"); if (t) $("#tok-detail").textContent = t.title; };
   $("#rec-step").onchange = drawTokens;
