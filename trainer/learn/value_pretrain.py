@@ -125,9 +125,8 @@ def _batches(trajs: list[Trajectory], order: list[int], bs: int) -> list[list[Tr
 
 
 @torch.no_grad()
-def held_out_ev(critic: Any, held: list[Trajectory], cfg: Config, pad_id: int, collective: bool = True) -> float:
-    """Explained variance of the critic's values against the returns on ``held`` (NaN when empty); collective
-    unless ``collective`` is false (one rank measuring alone)."""
+def held_out_ev(critic: Any, held: list[Trajectory], cfg: Config, pad_id: int) -> float:
+    """Explained variance of the critic's values against the returns on ``held`` (NaN when empty); collective."""
     if not held:
         return float("nan")
     parts = [0.0] * 5
@@ -139,7 +138,7 @@ def held_out_ev(critic: Any, held: list[Trajectory], cfg: Config, pad_id: int, c
         rets = _returns(critic, full, micro, cfg)
         for i, x in enumerate(explained_variance_sums(vals, rets, [critic_mask(b) for b in micro])):
             parts[i] += x
-    return explained_variance_from_sums(dist_utils.all_reduce_sum(parts) if collective else parts)
+    return explained_variance_from_sums(dist_utils.all_reduce_sum(parts))
 
 
 def _ev_text(ev: float) -> str:

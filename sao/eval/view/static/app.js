@@ -3,7 +3,8 @@
 const $ = (s) => document.querySelector(s);
 const S = { source: ".", offset: 0, next: null, episode: null, run: null };
 const esc = (x) => String(x ?? "").replace(/[&<>"]/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;" })[c]);
-const num = (x, d = 3) => (x === null || x === undefined ? "" : typeof x === "number" ? (Number.isInteger(x) ? String(x) : x.toFixed(d)) : esc(x));
+const num = (x, d = 3) => (x === null || x === undefined ? "" : typeof x !== "number" ? esc(x) : Number.isInteger(x) ? String(x)
+  : x !== 0 && Math.abs(x) < 0.001 ? x.toExponential(2) : x.toFixed(d));
 
 async function api(path, params = {}) {
   const q = new URLSearchParams({ source: S.source, ...params });
@@ -40,7 +41,7 @@ function runTables(run) {
   let html = "";
   const stages = run.sources.filter((s) => s.done);
   if (stages.length) {
-    const rows = stages.map((s) => ({ stage: s.name, ...Object.fromEntries(Object.entries(s.done).filter(([, v]) => typeof v !== "object")) }));
+    const rows = stages.map((s) => ({ ...Object.fromEntries(Object.entries(s.done).filter(([, v]) => typeof v !== "object")), stage: s.name }));
     const cols = ["stage", ...new Set(rows.flatMap((r) => Object.keys(r)).filter((k) => k !== "stage" && k !== "model" && k !== "critic"))];
     html += "<h3>Stages</h3>" + table(rows, cols);
   }
@@ -93,7 +94,13 @@ async function loadOverview() {
   box.innerHTML = "";
   if (!metrics.length) { $("#steps").innerHTML = "<p>No training steps in this source (pick a train source above).</p>"; return; }
   const x = metrics.map((m) => m.step);
-  for (const [title, keys] of CHARTS) {
+  const numeric = [...new Set(metrics.flatMap((m) => Object.keys(m).filter((k) => k !== "step" && typeof m[k] === "number")))];
+  const rl = numeric.includes("success_rate");
+  const charted = new Set(CHARTS.flatMap(([, keys]) => keys));
+  const charts = CHARTS.filter(([, keys]) => keys.some((k) => numeric.includes(k)));
+  if (!rl) charts.unshift(...numeric.filter((k) => !charted.has(k)).slice(0, 6).map((k) => [k, [k]])); // e.g. an SFT stage
+  const cols = rl ? STEP_COLS : ["step", ...numeric.slice(0, 10)];
+  for (const [title, keys] of charts) {
     const have = keys.filter((k) => metrics.some((m) => typeof m[k] === "number"));
     if (!have.length) continue;
     const div = document.createElement("div");
@@ -104,8 +111,8 @@ async function loadOverview() {
     new uPlot({ title, width: 300, height: 150, series, scales: { x: { time: false } } }, data, div);
   }
   const rows = metrics.map((m, i) => ({ ...m, fell: i > 0 && m.success_rate < metrics[i - 1].success_rate }));
-  const head = STEP_COLS.map((c) => `<th>${c.replace(/_/g, " ")}</th>`).join("");
-  const body = rows.map((r) => `<tr class="click${r.fell ? " fell" : ""}" data-step="${r.step}">` + STEP_COLS.map((c) => `<td>${num(r[c])}</td>`).join("") + "</tr>").join("");
+  const head = cols.map((c) => `<th>${c.replace(/_/g, " ")}</th>`).join("");
+  const body = rows.map((r) => `<tr class="click${r.fell ? " fell" : ""}" data-step="${r.step}">` + cols.map((c) => `<td>${num(r[c])}</td>`).join("") + "</tr>").join("");
   $("#steps").innerHTML = `<table id="step-table"><tr>${head}</tr>${body}</table>`;
 }
 
