@@ -23,18 +23,30 @@ LEVEL_NONE = "all"
 
 
 @torch.no_grad()
-def first_action_values(critic: Any, trajs: list[Trajectory], pad_id: int, batch_size: int = 8) -> list[float]:
-    """The critic's value at each trajectory's first action token (the state after the prompt), in order."""
+def first_action_values(
+    critic: Any, trajs: list[Trajectory], pad_id: int, batch_size: int = 8, gamma: float = 1.0
+) -> tuple[list[float], float]:
+    """The critic's value at each trajectory's first action token (the state after the prompt), in order, and its
+    explained variance over every action token against the Monte-Carlo returns (lambda = 1, skip-observation: what
+    value pretraining fits and reports), from one forward per batch."""
+    from sao.trainer.algos.losses import explained_variance_from_sums, explained_variance_sums
+    from sao.trainer.algos.registry import get_advantage
     from sao.trainer.learn.batch import collate
     from sao.trainer.learn.models import shifted_values
+    from sao.trainer.learn.targets import value_after, value_targets
 
+    returns_of = get_advantage("skip_obs_gae")
     out: list[float] = []
+    sums = [0.0] * 5
     for s in range(0, len(trajs), batch_size):
         b = collate(trajs[s : s + batch_size], pad_id)
-        values = shifted_values(critic(b.input_ids, b.attention_mask, b.position_ids)).float()
+        raw = critic(b.input_ids, b.attention_mask, b.position_ids).float()
+        values = shifted_values(raw)
+        returns = value_targets(returns_of, b, torch.zeros_like(b.rewards), value_after(raw, b), gamma, 1.0)
+        sums = [x + y for x, y in zip(sums, explained_variance_sums([values], [returns], [b.action_mask]), strict=True)]
         for r in range(values.shape[0]):
             out.append(float(values[r, int(b.action_mask[r].nonzero()[0])]))
-    return out
+    return out, explained_variance_from_sums(sums)
 
 
 def calibration_by_level(trajs: list[Trajectory], values: list[float]) -> dict[str, dict[str, float]]:
@@ -75,7 +87,6 @@ def probe_critic(cfg: Config, critic_init: str, trajs: list[Trajectory]) -> dict
     """Load the critic ``critic_init`` (``actor``: the critic RL would start from without value pretraining) and
     measure it on ``trajs``: per-token explained variance against the returns, and the calibration by level."""
     from sao.trainer.learn.models import load_actor, load_critic, load_tokenizer
-    from sao.trainer.learn.value_pretrain import held_out_ev
 
     c = copy.deepcopy(cfg)
     c.critic.init = critic_init
@@ -83,12 +94,8 @@ def probe_critic(cfg: Config, critic_init: str, trajs: list[Trajectory]) -> dict
     actor = load_actor(c)
     critic = load_critic(c, actor).eval()
     del actor
-    values = first_action_values(critic, trajs, pad_id, c.trainer.batch_size)
-    return {
-        "critic": critic_init,
-        "explained_variance": held_out_ev(critic, trajs, c, pad_id, collective=False),  # one rank measures
-        "by_level": calibration_by_level(trajs, values),
-    }
+    values, ev = first_action_values(critic, trajs, pad_id, c.trainer.batch_size, c.trainer.gamma)
+    return {"critic": critic_init, "explained_variance": ev, "by_level": calibration_by_level(trajs, values)}
 
 
 def calibrate(cfg: Config, critics: dict[str, str], eval_dir: Path) -> dict[str, Any]:

@@ -37,11 +37,19 @@ class PositionCritic(torch.nn.Module):
         return torch.arange(ids.shape[1], dtype=torch.float32).expand(ids.shape[0], -1).clone()
 
 
+class ConstantCritic(torch.nn.Module):
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor | None = None) -> torch.Tensor:
+        return torch.full(ids.shape, 0.3)
+
+
 def test_the_value_is_read_before_the_first_action_token_of_each_row() -> None:
     # prompts of different lengths in one padded batch: the state before the first action token is the head's output
     # at the prompt's last token (index prompt_len - 1), whatever the row's padding
     trajs = [_episode("a", 5, 1, True), _episode("b", 2, 1, False), _episode("c", 9, 2, False)]
-    assert first_action_values(PositionCritic(), trajs, pad_id=0, batch_size=2) == [4.0, 1.0, 8.0]
+    values, _ = first_action_values(PositionCritic(), trajs, pad_id=0, batch_size=2)
+    assert values == [4.0, 1.0, 8.0]
+    # a constant value explains none of the returns (1, 0, 0 on their action tokens)
+    assert math.isclose(first_action_values(ConstantCritic(), trajs, 0)[1], 0.0, abs_tol=1e-9)
 
 
 def test_calibration_by_level_against_the_outcomes() -> None:
