@@ -1,7 +1,8 @@
 """An OpenAI-compatible gateway in front of a trainable engine that records each episode token-exactly.
 
 ``Gateway`` (``server``) serves ``/v1/chat/completions`` per session; ``GatewaySession`` (``session``) turns one
-episode's requests into rows of prompt / action / observation segments; ``wire`` checks requests and writes replies.
+episode's requests into rows of prompt / action / observation segments; ``wire`` checks requests, ``replies``
+writes the answers, ``routes`` serves them over HTTP.
 See docs/gateway.md.
 """
 

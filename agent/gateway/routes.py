@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from sao.agent.gateway.wire import ChatRequest, RequestError, error_body, read_json, stream_events
+from sao.agent.gateway.replies import error_body, stream_events
+from sao.agent.gateway.wire import ChatRequest, RequestError, read_json
 
 if TYPE_CHECKING:
     from sao.agent.gateway.server import Gateway

@@ -25,16 +25,9 @@ from typing import Any
 
 from sao.agent.chat import ChatRenderer, ChatTemplateError
 from sao.agent.engines.protocols import Engine, EngineError
+from sao.agent.gateway.replies import completion_body, error_body, logprobs_body
 from sao.agent.gateway.session import ClientGone, GatewaySession, SessionClosed, SessionLimits, SessionRecord
-from sao.agent.gateway.wire import (
-    ChatRequest,
-    RequestError,
-    completion_body,
-    error_body,
-    logprobs_body,
-    parse_request,
-    read_json,
-)
+from sao.agent.gateway.wire import ChatRequest, RequestError, parse_request, read_json
 
 _SESSION_ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 _ENDED_KEPT = 65536  # ended sessions remembered (key and id) so that neither is silently reused

@@ -38,7 +38,8 @@ from typing import Any
 
 from sao.agent.chat import ChatRenderer
 from sao.agent.engines.protocols import Engine, EngineError, SamplingParams
-from sao.agent.gateway.wire import ChatRequest, normal_message, split_tool_calls, template_messages
+from sao.agent.gateway.replies import split_tool_calls
+from sao.agent.gateway.wire import ChatRequest, normal_message, template_messages
 from sao.agent.records import Segment, Trajectory
 
 
