@@ -2,9 +2,9 @@
 
 The rollout workers of a node never talk to Docker themselves: their envs' ``acquire_sandbox(cfg)`` goes to the
 node's host (``SandboxHostClient``, installed with ``sao.sandboxes.pool.use_pools``), which leases a container from its
-``PoolSet`` and hands back an id; every later call of the episode (``exec``, ``read_file``, ``write_file``,
-``copy_in``, ``copy_out``, ``close``) is an actor call that the host runs on that container (``RemoteSandbox``).
-The host, not a handle passed around, holds the container, so:
+``PoolSet`` and hands back an id; every later call of the episode (``exec``, ``exec_as_root``, ``read_file``,
+``write_file``, ``copy_in``, ``copy_out``, ``close``) is an actor call that the host runs on that container
+(``RemoteSandbox``). The host, not a handle passed around, holds the container, so:
 
 - the warm pool is per node and shared by all the node's rollout workers;
 - a host that dies (crash, OOM, ``ray kill``) fails every call on its sandboxes with ``SandboxUnavailableError``
@@ -28,7 +28,7 @@ from typing import Any
 
 from sao.sandboxes.config import SandboxConfig
 from sao.sandboxes.pool import PoolSet
-from sao.sandboxes.protocols import ExecResult, Sandbox, SandboxError, SandboxUnavailableError
+from sao.sandboxes.protocols import ExecResult, RootCommands, Sandbox, SandboxError, SandboxUnavailableError
 
 #: the sandboxes the current episode took from a sandbox host (set by the rollout worker around each episode)
 episode_sandboxes: contextvars.ContextVar[list[RemoteSandbox] | None] = contextvars.ContextVar(
@@ -69,6 +69,12 @@ class SandboxHostImpl:
         self, sid: str, cmd: str, timeout: float, workdir: str | None, env: dict[str, str] | None
     ) -> ExecResult:
         return await self._box(sid).exec(cmd, timeout=timeout, workdir=workdir, env=env)
+
+    async def exec_as_root(self, sid: str, argv: list[str], timeout: float, stdin: bytes) -> tuple[int, str]:
+        box = self._box(sid)
+        if not isinstance(box, RootCommands):
+            raise SandboxError(f"sandbox {sid[:8]} ({type(box).__name__}) cannot run root's steps (exec_as_root)")
+        return await box.exec_as_root(argv, timeout=timeout, stdin=stdin)
 
     async def read_file(self, sid: str, path: str) -> str:
         return await self._box(sid).read_file(path)
@@ -127,6 +133,10 @@ class RemoteSandbox:
         self, cmd: str, timeout: float = 60.0, workdir: str | None = None, env: dict[str, str] | None = None
     ) -> ExecResult:
         result: ExecResult = await self._call("exec", cmd, timeout, workdir, env)
+        return result
+
+    async def exec_as_root(self, argv: list[str], timeout: float = 120.0, stdin: bytes = b"") -> tuple[int, str]:
+        result: tuple[int, str] = await self._call("exec_as_root", argv, timeout, stdin)
         return result
 
     async def read_file(self, path: str) -> str:

@@ -64,6 +64,7 @@ async def test_sandbox_host_runs_commands_dies_restarts_and_is_lost(ray_cluster:
             assert await sb.read_file("/tmp/x.txt") == "hello from node b"
             res = await sb.exec("echo $((6 * 7)); exit 3")
             assert (res.exit_code, res.output.strip()) == (3, "42")
+            assert await sb.exec_as_root(["id", "-u"]) == (0, "0\n")  # the SWE env's own steps (repo_patch)
             assert len(_containers_of(first["pid"])) >= 1
             print(f"exec('true') through the sandbox host: {await _mean_exec_s(sb) * 1e3:.1f} ms", end="; ")
             async with await DockerSandbox.create(cfg) as direct:
