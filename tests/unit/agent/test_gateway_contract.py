@@ -84,6 +84,7 @@ async def test_sessions_are_private_keys_and_no_error_lists_another(tok: Any) ->
                 for resp in (r, by_key):
                     assert resp.status_code == 404 and "theirs" not in resp.text and key not in resp.text
                     assert gw.session_key("mine") not in resp.text
+        assert sorted(gw.open_sessions) == ["mine", "theirs"]  # a refused request opens nothing
         with pytest.raises(KeyError) as e:
             gw.close_session("nobody")
         assert "mine" not in str(e.value) and "theirs" not in str(e.value)
