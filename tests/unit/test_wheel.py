@@ -24,6 +24,8 @@ def test_the_wheel_installs_only_the_sao_namespace(tmp_path: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
     assert "sao/envs/swe/env.py" in names and "sao/trainer/algos/advantages.py" in names, names[:20]
     assert any(n.startswith("sao/envs/data/") for n in names), "the envs' data files are missing from the wheel"
+    page = {"index.html", "app.js", "style.css", "uplot.min.js", "uplot.min.css", "uplot.LICENSE.txt"}
+    assert {f"sao/eval/view/static/{f}" for f in page} <= set(names), "`sao view`'s page is missing from the wheel"
 
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
