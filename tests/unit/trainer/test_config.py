@@ -50,7 +50,7 @@ def test_grpo_batch_must_hold_whole_groups() -> None:
         config_from_dict({"trainer": {"algorithm": "grpo", "batch_size": 6, "group_size": 4}})
 
 
-@pytest.mark.parametrize("name", ["quickstart.yaml", "toy.yaml", "swe.yaml", "math_tir.yaml"])
+@pytest.mark.parametrize("name", ["quickstart.yaml", "quickstart_levels.yaml", "toy.yaml", "swe.yaml", "math_tir.yaml"])
 def test_shipped_configs_load(name: str) -> None:
     cfg = load_config(CONFIGS / name)
     assert cfg.trainer.algorithm == "sao"
