@@ -16,7 +16,8 @@ The agent owns ``/testbed`` and its ``.git``: its config (``diff.external``, ``c
   the base tree. ``$GIT_DIR/info/attributes``, which outranks every ``.gitattributes``, sets ``text``, ``eol``,
   ``crlf``, ``ident``, ``filter``, ``working-tree-encoding`` and ``diff`` to unspecified: no conversion on the way in,
   no driver on the way out (``--attr-source`` would say it more directly but needs git 2.40; official images have
-  2.34). Root here has no ``DAC_OVERRIDE``: a file the agent made unreadable stops the take.
+  2.34; ``core.fsmonitor=`` is empty, not ``false``, which git before 2.36 would run as a hook). Root here has no
+  ``DAC_OVERRIDE``: a file the agent made unreadable stops the take.
 
 What the agent can still cause is its own failure, not an infra error (``BrokenRepoError``: the grade is unresolved
 with the reason): a working tree git cannot read (unreadable files, ``/testbed`` gone, a FIFO where a file was), one
@@ -38,7 +39,7 @@ _CLEAN_ENV = (
     "GIT_CONFIG_GLOBAL=/dev/null", "GIT_ATTR_NOSYSTEM=1", "GIT_TERMINAL_PROMPT=0", "LC_ALL=C",
 )  # fmt: skip
 _GIT = (
-    "git -c core.hooksPath=/dev/null -c core.fsmonitor=false -c core.untrackedCache=false -c core.fileMode=false "
+    "git -c core.hooksPath=/dev/null -c core.fsmonitor= -c core.untrackedCache=false -c core.fileMode=false "
     "-c core.autocrlf=false -c core.safecrlf=false -c core.symlinks=true -c core.quotePath=true"
 )
 KEEP_BASE = f"""set -eu
