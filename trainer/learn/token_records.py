@@ -10,6 +10,7 @@ which `sao view` overlays on the episode's tokens.
 
 from __future__ import annotations
 
+import json
 import math
 import random
 from dataclasses import dataclass, field
@@ -18,7 +19,7 @@ from pathlib import Path
 import torch
 
 from sao.agent.records import Trajectory
-from sao.core.jsonl import append_jsonl
+from sao.core.jsonl import append_jsonl, iter_jsonl, write_text_durably
 from sao.eval.view.formats import MASK_HIGH, MASK_KEPT, MASK_LOW, MASK_NONFINITE, TokenRecord, TurnShape
 from sao.trainer.algos.losses import dis_band_masks
 from sao.trainer.learn.batch import Batch
@@ -124,3 +125,12 @@ def write_token_records(path: Path, records: list[TokenRecord]) -> None:
     """Append one step's records (fsynced, ``sao.core.jsonl``); nothing when there are none."""
     if records:
         append_jsonl(path, records)
+
+
+def drop_records_after(path: Path, step: int) -> None:
+    """On resume from the checkpoint of ``step``: drop the records of later steps (a lost branch's, as the run's
+    metrics drop theirs), rewriting the file atomically; a torn last line goes too."""
+    if not path.exists():
+        return
+    keep = [r for _, r in iter_jsonl(path, torn_tail_ok=True) if int(r.get("step", 0)) <= step]
+    write_text_durably(path, "".join(json.dumps(r) + "\n" for r in keep))

@@ -32,7 +32,7 @@ from sao.eval.view.formats import TOKEN_RECORDS
 from sao.trainer import distributed as dist_utils
 from sao.trainer.config import Config, ConfigError, load_config, resumed_config, save_config
 from sao.trainer.learn.learner import Learner
-from sao.trainer.learn.token_records import token_record, write_token_records
+from sao.trainer.learn.token_records import drop_records_after, token_record, write_token_records
 from sao.trainer.rollout.env_tasks import load_env_tasks
 from sao.trainer.rollout.ledger import Ledger, replay
 from sao.trainer.rollout.pipeline import Coordinator, Counters, Item, TaskSource
@@ -359,6 +359,7 @@ class Trainer:
             lineage = Lineage({**acc.aliases, self.version: resumed})
             ledger.resume(self.step, resumed, self.version)
             metrics.truncate_after(self.step)
+            drop_records_after(self.run_dir / TOKEN_RECORDS, self.step)
         if self.engine_spec.placement == "server" and cfg.rollout.vllm_urls:
             # servers the run did not start: their model and logprob mode are read, not assumed
             await check_servers(cfg.rollout.vllm_urls, tokenizer=self.tokenizer, temperature=cfg.rollout.temperature,
