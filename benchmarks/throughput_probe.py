@@ -1,9 +1,10 @@
 """Instruments for `sao bench throughput`, installed inside a variant's own process: where its time and CPU go.
 
 - :func:`time_learner_phases`: wraps the learner's phases so each step's metrics row also carries their wall
-  times: ``time_values_s`` (the critic's no-grad forward for the advantages), ``time_old_logp_s`` (an old-policy
-  recompute, GRPO's PPO clip), ``time_actor_s`` (the actor's optimizer step(s), recompute included),
-  ``time_critic_s`` (the K critic steps) and ``time_learner_s`` (the whole ``train_step``), and ``learner_end``
+  times: ``time_values_s`` (the critic's values for the advantages; where a critic trains, the first of the K
+  critic steps shares their forward and is counted here), ``time_old_logp_s`` (an old-policy recompute, GRPO's PPO
+  clip), ``time_actor_s`` (the actor's optimizer step(s), recompute included), ``time_critic_s`` (the other critic
+  steps) and ``time_learner_s`` (the whole ``train_step``), and ``learner_end``
   (wall clock at the step's end, to cut the sampler's series at step boundaries).
 - :class:`CpuSampler`: a thread that reads, every ``period_s``, the CPU seconds used so far by this process (the
   trainer: learner, agent loop, sandbox client), by its child processes by kind (the vLLM server and its engine
@@ -25,7 +26,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-_PHASES = {"_values": "values", "_policy_steps": "actor", "_critic_steps": "critic"}
+# the values phase: alone, or (critic algorithms) fused with the first critic step, whose time it then holds
+_PHASES = {"_critic_values": "values", "_values_with_critic_step": "values", "_policy_steps": "actor",
+           "_critic_steps": "critic"}  # fmt: skip
 
 
 def time_learner_phases() -> None:

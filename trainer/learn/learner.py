@@ -1,6 +1,8 @@
 """The learner: DeepSpeed actor + critic and one training step, read top to bottom in ``Learner.train_step``:
 the batch (this rank's micro batches) -> values (the critic's) -> advantages (and the critic's returns) -> policy
-step(s) -> K critic steps (``critic_step``, shared with value pretraining).
+step(s) -> K critic steps (``critic_step``, shared with value pretraining). Where a critic trains, the values come
+from the first critic step's own forward (``_values_with_critic_step``): one critic forward fewer a step, the same
+numbers (measured bit-identical weights after two steps, ZeRO 0 and 2, both update orders).
 
 What the step does is read from the algorithm's spec (``cfg.algorithm``): which advantage estimator and policy loss,
 whether a critic trains, whether an old-policy recompute precedes the policy step. The micro batches and their loss
@@ -135,11 +137,16 @@ class Learner:
             entropy_grad=self.cfg.trainer.entropy_coef > 0, chunk_tokens=LOGPROB_CHUNK_TOKENS, positions=b.action_mask,
         )  # fmt: skip
 
-    def _values(self, b: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-        """(shifted critic values ``[B, T]`` on the response tokens, 0 elsewhere; ``value_after`` ``[B]``)."""
+    def _values(self, b: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(the critic's output ``[B, T]``, with its graph where grad is on; the shifted values on the response
+        tokens, 0 elsewhere, detached; ``value_after`` ``[B]``)."""
         assert self.critic is not None
         raw = self.critic(b.input_ids, b.attention_mask, b.position_ids)
-        return torch.where(b.response_mask, shifted_values(raw), 0.0), value_after(raw, b)
+        return raw, torch.where(b.response_mask, shifted_values(raw.detach()), 0.0), value_after(raw, b)
+
+    def _value_masks(self, micro: list[Batch]) -> list[torch.Tensor]:
+        """The tokens whose values the critic loss trains, per micro batch."""
+        return [b.response_mask if self.adv_traits.token_level else critic_mask(b) for b in micro]
 
     # -- the step --------------------------------------------------------------------------------------------
     def train_step(
@@ -157,13 +164,16 @@ class Learner:
         rows = micro_batch_rows(full, self.cfg.deepspeed)
         probe = TokenProbe.sample(rows, self._token_sample, self._token_rng)
         self.token_rows = []
-        values = self._critic_values(micro, m)
-        adv = self._advantages(full, micro, bad, values, m)
+        fused = self._values_with_critic_step(full, micro, bad, m)
+        if fused is not None:
+            adv, first = fused
+        else:  # no critic step to share the values' forward with
+            adv, first = self._advantages(full, micro, bad, self._critic_values(micro, m), m), None
         critic_first = self.critic is not None and self.cfg.trainer.update_order == "critic_first"
         if adv is not None and critic_first:
             # the order the paper's ports use: K critic steps on the returns, then the policy's advantages from the
             # updated critic (ours, advantages_first, takes both from the values before the critic steps)
-            m.update(self._critic_steps(micro, adv))
+            m.update(self._critic_steps(micro, adv, first))
             values = self._critic_values(micro, m)
             adv = self._advantages(full, micro, bad, values, m)
         if adv is None:  # non-finite critic values: nothing of this batch can be trusted
@@ -179,7 +189,7 @@ class Learner:
         if probe is not None:
             self.token_rows = probe.rows(micro, adv.advantages, adv.old_values, self.ratio_bounds)
         if self.critic is not None and not critic_first:
-            m.update(self._critic_steps(micro, adv))
+            m.update(self._critic_steps(micro, adv, first))
         return m
 
     def _collate(self, trajs: list[Trajectory], episodes: list[int] | None = None) -> tuple[Batch, list[int]]:
@@ -202,8 +212,8 @@ class Learner:
         if not self.adv_traits.needs_values:
             return _Values([], [])
         with torch.no_grad():
-            pairs = [self._values(b) for b in micro]
-        values, afters = [v for v, _ in pairs], [a for _, a in pairs]
+            outs = [self._values(b) for b in micro]
+        values, afters = [v for _, v, _ in outs], [a for _, _, a in outs]
         bad = sum(
             float((b.response_mask & ~torch.isfinite(v)).sum()) + float((~torch.isfinite(a)).sum())
             for b, v, a in zip(micro, values, afters, strict=True)
@@ -211,18 +221,69 @@ class Learner:
         m["nonfinite_values"] = dist_utils.all_reduce_sum([bad])[0]
         return None if m["nonfinite_values"] > 0 else _Values(values, afters)
 
+    def _values_with_critic_step(
+        self, full: Batch, micro: list[Batch], bad_rows: list[int], m: dict[str, float]
+    ) -> tuple[_Advantages | None, tuple[float, float, bool]] | None:
+        """The values phase and the first of the K critic steps on one forward per micro batch: the critic's output
+        with its graph gives the values (detached: the advantages, the returns and the clip's anchor, as the no-grad
+        values phase gives them), then the first step's value loss on it, so that step does not run the forward
+        again. The same numbers as ``_critic_values``, ``_advantages`` and a ``critic_step`` (the policy step that
+        comes between them in ``advantages_first`` order never touches the critic). Returns (the advantages, the
+        first step's ``critic_step`` result), or None where no critic step shares the forward (no critic, or no
+        token for it). A non-finite value on any rank, known before the last micro batch's backward, makes that
+        backward non-finite, so the optimizer skips the step as it skips any non-finite gradient; the advantages are
+        then None (``nonfinite_values``: the whole step is skipped)."""
+        if self.critic is None or not self.adv_traits.needs_values:
+            return None
+        masks = self._value_masks(micro)
+        n_total, scale = token_scale(masks, self.grad_accum)
+        if n_total == 0:
+            return None
+        eng, n = self.critic, len(micro)
+        values: list[torch.Tensor] = []
+        afters: list[torch.Tensor] = []
+        gae: list[tuple[torch.Tensor, torch.Tensor]] = []
+        bad, total, gn0 = 0.0, 0.0, None
+        skipped0 = int(getattr(eng, "skipped_steps", 0))
+        for i, (b, mask) in enumerate(zip(micro, masks, strict=True)):
+            mark_boundary(eng, i, n)
+            raw, v, after = self._values(b)
+            bad += float((b.response_mask & ~torch.isfinite(v)).sum()) + float((~torch.isfinite(after)).sum())
+            values.append(v)
+            afters.append(after)
+            gae.append(self._gae(b, v, after))
+            if i == n - 1:
+                m["nonfinite_values"] = dist_utils.all_reduce_sum([bad])[0]
+            poison = i == n - 1 and m["nonfinite_values"] > 0
+            clip = self.cfg.critic.value_clip
+            total += _critic_backward(eng, shifted_values(raw), mask, v, gae[-1][1], clip, scale, poison)
+            if i == n - 1 and plain_grads(eng):
+                gn0 = full_grad_norm(eng)
+            eng.step()  # DeepSpeed steps the optimizer only at the accumulation boundary
+        first = (total, *_step_outcome(eng, gn0, skipped0))
+        if m["nonfinite_values"] > 0:
+            return None, first
+        return self._advantages(full, micro, bad_rows, _Values(values, afters), m, gae=gae), first
+
     def _advantages(
-        self, full: Batch, micro: list[Batch], bad_rows: list[int], values: _Values | None, m: dict[str, float]
+        self,
+        full: Batch,
+        micro: list[Batch],
+        bad_rows: list[int],
+        values: _Values | None,
+        m: dict[str, float],
+        gae: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
     ) -> _Advantages | None:
         """The advantages phase: GAE on the critic's ``values`` (and the critic's returns), or the algorithm's
         outcome estimator on the rewards; whitened if asked. None when ``values`` is (not finite: the step is
-        skipped). ``bad_rows`` (no trainable reward) stay out of the group and running-mean baselines."""
+        skipped). ``bad_rows`` (no trainable reward) stay out of the group and running-mean baselines. ``gae``: the
+        ``_gae`` of each micro batch, where it was already computed."""
         if values is None:
             return None
-        value_masks = [b.response_mask if self.adv_traits.token_level else critic_mask(b) for b in micro]
+        value_masks = self._value_masks(micro)
         rets: list[torch.Tensor] = []
         if self.adv_traits.needs_values:
-            pairs = [self._gae(b, v, after) for b, v, after in zip(micro, values.values, values.after, strict=True)]
+            pairs = gae or [self._gae(b, v, a) for b, v, a in zip(micro, values.values, values.after, strict=True)]
             advs, rets = [a for a, _ in pairs], [r for _, r in pairs]
         else:
             advs = self._outcome_advantages(full, bad_rows, m)
@@ -392,9 +453,12 @@ class Learner:
         skipped = int(getattr(self.actor, "skipped_steps", 0)) > skipped0
         return norm, skipped, dist_utils.all_reduce_sum([bad_logp])[0]
 
-    def _critic_steps(self, micro: list[Batch], adv: _Advantages) -> dict[str, float]:
+    def _critic_steps(
+        self, micro: list[Batch], adv: _Advantages, first: tuple[float, float, bool] | None = None
+    ) -> dict[str, float]:
         """The critic phase: K = ``critic_updates_per_step`` critic optimizer steps (``critic_step``) on the returns,
-        and the explained variance of the values they started from."""
+        and the explained variance of the values they started from. ``first``: the first of them, already taken with
+        the values' forward (``_values_with_critic_step``)."""
         assert self.critic is not None
         n_total, scale = token_scale(adv.value_masks, self.grad_accum)
         if n_total == 0:
@@ -402,10 +466,13 @@ class Learner:
         losses: list[float] = []
         norm = 0.0
         skipped = 0
-        for _ in range(self.cfg.trainer.critic_updates_per_step):
-            total, norm, was_skipped = critic_step(
-                self.critic, micro, adv.value_masks, adv.returns, adv.old_values, self.cfg.critic.value_clip, scale
-            )
+        for k in range(self.cfg.trainer.critic_updates_per_step):
+            if k == 0 and first is not None:
+                total, norm, was_skipped = first
+            else:
+                total, norm, was_skipped = critic_step(
+                    self.critic, micro, adv.value_masks, adv.returns, adv.old_values, self.cfg.critic.value_clip, scale
+                )
             losses.append(total)
             skipped += int(was_skipped)
         red = dist_utils.all_reduce_sum(losses)
@@ -467,20 +534,42 @@ def critic_step(
     for i, (b, mask, ret) in enumerate(zip(micro, masks, returns, strict=True)):
         mark_boundary(engine, i, len(micro))
         values = shifted_values(engine(b.input_ids, b.attention_mask, b.position_ids))
-        ok = mask & torch.isfinite(values.detach())
         if seen is not None:
             seen.append(values.detach())
-        old = old_values[i] if old_values is not None else values.detach()
-        loss, _ = value_loss(values, torch.where(ok, old, 0.0), ret, ok, clip if old_values is not None else None)
-        n_mb = float(ok.sum())
-        engine.backward(loss * n_mb * scale)
-        total += float(loss.detach()) * n_mb
+        total += _critic_backward(engine, values, mask, None if old_values is None else old_values[i], ret, clip, scale)
         if i == len(micro) - 1 and plain_grads(engine):
             gn0 = full_grad_norm(engine)
         engine.step()  # DeepSpeed steps the optimizer only at the accumulation boundary
+    return (total, *_step_outcome(engine, gn0, skipped0))
+
+
+def _critic_backward(
+    engine: Any,
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    old: torch.Tensor | None,
+    ret: torch.Tensor,
+    clip: float | None,
+    scale: float,
+    poison: bool = False,
+) -> float:
+    """One micro batch of a critic step: the value loss of ``values`` (shifted, with their graph) on ``mask`` against
+    ``ret``, clipped around ``old`` (None: no clip), and its backward; returns the loss summed over its tokens.
+    ``poison``: the backward's loss is made NaN, so the optimizer skips this step (the batch must not train)."""
+    ok = mask & torch.isfinite(values.detach())
+    anchor = values.detach() if old is None else old
+    loss, _ = value_loss(values, torch.where(ok, anchor, 0.0), ret, ok, clip if old is not None else None)
+    n_mb = float(ok.sum())
+    engine.backward(loss * n_mb * scale * (math.nan if poison else 1.0))
+    return float(loss.detach()) * n_mb
+
+
+def _step_outcome(engine: Any, gn0: float | None, skipped0: int) -> tuple[float, bool]:
+    """(the step's gradient norm: DeepSpeed's, else ``gn0`` read off the parameters; whether the optimizer skipped
+    it: ``engine.skipped_steps`` rose above ``skipped0``)."""
     gn = engine.get_global_grad_norm()
     norm = float(gn) if gn is not None else float(gn0 or 0.0)
-    return total, norm, int(getattr(engine, "skipped_steps", 0)) > skipped0
+    return norm, int(getattr(engine, "skipped_steps", 0)) > skipped0
 
 
 # -- batch checks -----------------------------------------------------------------------------------------------

@@ -132,6 +132,27 @@ def test_k_critic_steps_and_ppo_epochs_are_counted(
     assert m["skipped_steps"] == 0 and m["critic_skipped_steps"] == 0
 
 
+@pytest.mark.parametrize("order", ["advantages_first", "critic_first"])
+def test_the_values_share_the_first_critic_steps_forward(deepspeed_env: dict[str, str], order: str) -> None:
+    # K critic steps on 2 micro batches: the values the advantages read come from the first step's own forward,
+    # so the critic runs K x 2 forwards (not 2 more for a separate values phase); critic_first recomputes the values
+    # for the policy after its K steps (2 more)
+    learner, trajs = _learner("sao", kind="llama", critic_updates_per_step=2, update_order=order)
+    forwards = []
+    inner = learner.critic.forward
+
+    def counted(*a: Any, **kw: Any) -> Any:
+        forwards.append(torch.is_grad_enabled())
+        return inner(*a, **kw)
+
+    learner.critic.forward = counted
+    counts = _count_optimizer_steps(learner)
+    m = learner.train_step(trajs)
+    assert counts["critic"] == 2 and m["critic_skipped_steps"] == 0
+    assert forwards.count(True) == 2 * 2
+    assert forwards.count(False) == (2 if order == "critic_first" else 0)
+
+
 def test_an_algorithm_registered_outside_the_package_trains(deepspeed_env: dict[str, str]) -> None:
     from sao.trainer.algos.registry import ALGORITHMS
 
@@ -213,9 +234,12 @@ def test_nonfinite_critic_values_skip_the_whole_step(deepspeed_env: dict[str, st
     learner._values = lambda b: tuple(x * float("nan") for x in values(b))
     a0, c0 = _snapshot(learner.actor.module), _snapshot(learner.critic.module)
     counts = _count_optimizer_steps(learner)
+    skipped0 = learner.critic.skipped_steps
     m = learner.train_step(trajs)
     assert m["nonfinite_values"] > 0 and m["skipped_steps"] == 1
-    assert counts == {"actor": 0, "critic": 0}
+    # the first critic step shares the values' forward: its gradient is made non-finite once the bad values are
+    # known, so the optimizer skips it (no update, no moments); no further critic step runs
+    assert counts == {"actor": 0, "critic": 1} and learner.critic.skipped_steps == skipped0 + 1
     assert not _changed(a0, learner.actor.module) and not _changed(c0, learner.critic.module)
 
 
