@@ -261,7 +261,8 @@ class Decoder:
         self._cache: dict[int, str] = {}
         self._lock = threading.Lock()
 
-    def _load(self) -> Any:
+    def load(self) -> Any:
+        """The tokenizer (loaded once; None when it cannot be: ``error`` says why)."""
         with self._lock:
             if self._tok is None and self.error is None and self.source:
                 from sao.agent.engines.registry import ModelSpecError, load_tokenizer
@@ -273,7 +274,7 @@ class Decoder:
         return self._tok
 
     def __call__(self, ids: list[int]) -> list[str]:
-        tok = self._load()
+        tok = self.load()
         if tok is None:
             return [f"<{t}>" for t in ids]
         missing = sorted({t for t in ids if t not in self._cache})

@@ -12,6 +12,7 @@ API (every call re-reads what the run appended since the last one):
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ def make_app(run_dirs: list[Path], tokenizer: str | None = None) -> FastAPI:
     the runs' model)."""
     run = Run(*run_dirs)
     decode = Decoder(tokenizer or run.tokenizer())
+    threading.Thread(target=decode.load, name="tokenizer", daemon=True).start()  # ready before the first episode
     app = FastAPI(title="sao view", docs_url=None, redoc_url=None, openapi_url=None)
 
     def find(name: str) -> Source:
