@@ -31,13 +31,19 @@ forged ``PASSED`` lines from the test process, when imported. The reward is only
 Parsing follows ``git apply``: a section starts at ``diff --git`` or at a ``---``/``+++`` pair, hunks are consumed by
 the line counts of their ``@@`` headers, and lines outside any section are dropped, so ``git apply`` and the harness's
 ``patch`` fallback see only the sections kept here. Each path is checked as written and with its first component
-stripped (``-p1``), so no reading of a header reaches a file the rules refuse.
+stripped (``-p1``), so no reading of a header reaches a file the rules refuse. As a backstop, the kept patch is read
+by ``git apply --numstat`` itself (this host's git, no repository, no config): if git names a path the rules refuse,
+the policy's reading was wrong and nothing of the patch is graded (``misread``).
 """
 
 from __future__ import annotations
 
+import os
 import posixpath
 import re
+import shutil
+import subprocess
+import tempfile
 from dataclasses import dataclass, field
 
 TEST_DIRS = frozenset({"tests", "test", "testing"})
@@ -59,6 +65,7 @@ REASONS = {
     "git": "git metadata (.gitattributes drivers and filters, .gitmodules, .git/)",
     "link": "a symbolic link or submodule, not source",
     "unsafe_path": "an absolute path or one with '..'",
+    "misread": "git apply reads a path here that the policy's own reading did not: nothing of the patch is graded",
 }
 _HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 _QUOTED_ESCAPES = {"a": "\a", "b": "\b", "t": "\t", "n": "\n", "v": "\v", "f": "\f", "r": "\r", '"': '"', "\\": "\\"}
@@ -297,4 +304,39 @@ def apply_policy(patch: str) -> PolicyResult:
     text = "".join(kept)
     if text and not text.endswith("\n"):
         text += "\n"
+    misread = [(p, kind) for p in git_apply_paths(text) or [] if (kind := path_kind(p))]
+    if misread:
+        return PolicyResult("", (*dropped, *(Dropped(p, "misread") for p, _ in misread)), sections)
     return PolicyResult(text, tuple(dropped), sections)
+
+
+def git_apply_paths(patch: str) -> list[str] | None:
+    """The paths ``git apply`` (``--numstat -z``, ``-p1``) reads in ``patch``; ``None`` without git or when git
+    refuses the patch (then it cannot apply it either)."""
+    git = shutil.which("git")
+    if git is None or not patch.strip():
+        return None
+    with tempfile.TemporaryDirectory(prefix="sao-policy-") as tmp:
+        env = {"PATH": os.environ.get("PATH", ""), "HOME": tmp, "GIT_CONFIG_NOSYSTEM": "1", "LC_ALL": "C"}
+        env["GIT_CONFIG_GLOBAL"] = os.devnull
+        try:
+            res = subprocess.run(
+                [git, "apply", "--numstat", "-z", "-"], input=patch.encode(), cwd=tmp, env=env, capture_output=True,
+                timeout=60, check=False,
+            )  # fmt: skip
+        except (OSError, subprocess.SubprocessError):
+            return None
+    if res.returncode != 0:
+        return None
+    fields = res.stdout.decode("utf-8", errors="replace").split("\0")
+    paths: list[str] = []
+    i = 0
+    while i < len(fields):
+        parts = fields[i].split("\t", 2)
+        if len(parts) == 3 and parts[2]:
+            paths.append(parts[2])
+        elif len(parts) == 3:  # a rename or copy: the old and the new name follow
+            paths += [f for f in fields[i + 1 : i + 3] if f]
+            i += 2
+        i += 1
+    return paths

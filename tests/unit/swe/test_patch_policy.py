@@ -147,3 +147,15 @@ def test_a_binary_section_is_kept_or_dropped_whole() -> None:
 def test_only_dropped_sections_leave_an_empty_patch() -> None:
     result = apply_policy(new_file("conftest.py") + new_file("pytest.ini"))
     assert result.patch == "" and result.sections == 2 and len(result.dropped) == 2
+
+
+def test_git_reads_the_kept_patch_too_and_a_misreading_grades_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sao.envs.swe.patch_policy as policy
+
+    rename = "diff --git a/x.py b/toolz/y.py\nsimilarity index 100%\nrename from x.py\nrename to toolz/y.py\n"
+    assert policy.git_apply_paths(SOURCE + rename) == ["toolz/itertoolz.py", "toolz/y.py"]
+    assert policy.git_apply_paths("not a patch\n") is None
+    # a policy whose own reading misses a conftest (as a parser bug would): git's reading of the kept patch catches it
+    monkeypatch.setattr(policy, "_section_kind", lambda sec: None)
+    result = apply_policy(SOURCE + new_file("conftest.py"))
+    assert result.patch == "" and [(d.path, d.kind) for d in result.dropped] == [("conftest.py", "misread")]
