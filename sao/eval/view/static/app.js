@@ -160,14 +160,19 @@ async function openEpisode(line) {
   drawTokens();
 }
 
+// info as nested tables (a SWE grader's report: its patch and test lists readable, not one JSON string)
+function valueHtml(v, depth) {
+  if (v && typeof v === "object" && !Array.isArray(v) && depth < 2) return kvTable(v, depth + 1);
+  if (Array.isArray(v) && v.every((x) => typeof x !== "object")) return v.length ? esc(v.join(", ")) : "[]";
+  const text = typeof v === "string" ? v : JSON.stringify(v, null, 1);
+  return text.length > 80 || text.includes("\n") ? `<pre>${esc(text)}</pre>` : esc(text);
+}
+function kvTable(obj, depth = 0) {
+  return `<table class="kv">${Object.entries(obj).map(([k, v]) => `<tr><td><b>${esc(k)}</b></td><td>${valueHtml(v, depth)}</td></tr>`).join("")}</table>`;
+}
 function infoHtml(ep) {
-  const rows = Object.entries(ep.info).map(([k, v]) => {
-    const text = typeof v === "string" ? v : JSON.stringify(v, null, 1);
-    const cell = text.length > 80 || text.includes("\n") ? `<pre>${esc(text)}</pre>` : esc(text);
-    return `<tr><td><b>${esc(k)}</b></td><td>${cell}</td></tr>`;
-  });
   const t = Object.entries(ep.timings).map(([k, v]) => `${k} ${num(v, 2)}`).join(", ");
-  return `<table class="kv">${rows.join("")}</table>${t ? "<p>timings: " + esc(t) + "</p>" : ""}`;
+  return kvTable(ep.info) + (t ? "<p>timings: " + esc(t) + "</p>" : "");
 }
 
 const MASK_NAMES = { k: "kept", l: "masked: below the band", h: "masked: above the band", x: "not finite" };
