@@ -1,4 +1,5 @@
 """`sao bench memory`: peak memory of one actor step (forward + backward of the policy loss), naive vs chunked logprobs.
+(``--mode learner``: whole learner steps per algorithm, CPU and resident set per step: ``learner_steps.py``.)
 
 One actor step here is what the learner does per micro-batch: the model forward, token logprobs and entropy of
 the sequence, a DIS-shaped loss on the action tokens with an entropy bonus (so the entropy carries a gradient),

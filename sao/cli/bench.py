@@ -121,9 +121,32 @@ def memory(
     dtype: str = typer.Option("float32", help="float32 or bfloat16"),
     variants: str = typer.Option("naive,chunked,backbone", help="comma-separated: naive, chunked, backbone"),
     checkpointing: bool = typer.Option(True, help="gradient checkpointing of the decoder layers"),
-    threads: int = typer.Option(0, help="torch threads (0: torch's default)"),
+    threads: int = typer.Option(0, help="torch threads (0: torch's default; --mode learner: 1)"),
+    mode: str = typer.Option("actor", help="actor: one actor step's variants; learner: training steps per algorithm"),
+    algorithms: str = typer.Option("sao,running_mean", help="--mode learner: algorithms, the last the baseline"),
+    steps: int = typer.Option(4, help="--mode learner: learner steps per algorithm (the first is set-up)"),
+    config: str = typer.Option("configs/quickstart.yaml", help="--mode learner: the learner settings"),
+    trim: bool = typer.Option(True, help="--mode learner: trim the heap after each step, as `sao train` does"),
+    override: list[str] = typer.Option([], "--set", help="--mode learner: key=value on the config (repeatable)"),
 ) -> None:
-    """Peak memory of one actor step (forward + backward of the policy loss): full-vocabulary vs chunked logprobs."""
+    """Peak memory of one actor step (full-vocabulary vs chunked logprobs), or (``--mode learner``) the learner's
+    training steps per algorithm side by side: CPU per trajectory, resident set per step."""
+    if mode == "learner":
+        from sao.benchmarks.learner_steps import LearnerBenchConfig
+        from sao.benchmarks.learner_steps import run as run_learner
+
+        algos = _csv(algorithms)
+        if not algos:
+            raise typer.BadParameter("--algorithms must name at least one algorithm, e.g. sao,running_mean")
+        lc = LearnerBenchConfig(
+            out=Path(out), config=config, model=model, algorithms=algos, baseline=algos[-1], steps=steps,
+            layers=layers, threads=threads or 1, trim=trim, overrides=tuple(override),
+        )  # fmt: skip
+        with _usage_errors():
+            run_learner(lc, echo=typer.echo)
+        return
+    if mode != "actor":
+        raise typer.BadParameter(f"--mode must be actor or learner, got {mode!r}")
     from sao.benchmarks.bench_memory import MemoryBenchConfig, run
 
     cfg = MemoryBenchConfig(
