@@ -273,6 +273,7 @@ class SWEEnv(ToolEnv):
         report = dict(result.report.get(iid, {}))
         report.update({"instance_id": iid, "model_patch": patch, "grading_s": result.seconds})
         report["dropped_paths"] = list(result.dropped)  # what the patch policy kept from the grader, and why
+        report["tamper_signals"] = list(result.signals)  # lines that may tamper with pytest: flagged, not judged
         report.update(result.extra)  # why the patch's run failed (timeout, memory, disk, ...), when it did
         if self.pass_to_pass_sample is not None:
             report["pass_to_pass_sampled"] = len(task["PASS_TO_PASS"])

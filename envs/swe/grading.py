@@ -78,7 +78,8 @@ class GradingInfraError(RuntimeError):
 class GradeResult:
     """``extra``: ``{"failure": kind, "reason": text}`` when the patch's run ended badly (kinds: ``timeout``,
     ``oom``, ``disk_full``, ``sandbox_died``, ``log_too_big``, ``patch_too_big``), else empty. ``dropped``: the
-    paths the patch policy kept from the grader, with the reason (``sao.envs.swe.patch_policy``)."""
+    paths the patch policy kept from the grader, with the reason (``sao.envs.swe.patch_policy``); ``signals``: the
+    kept patch's added lines that may tamper with the test run (a detector, not part of the verdict)."""
 
     resolved: bool
     report: dict[str, Any]
@@ -87,6 +88,7 @@ class GradeResult:
     applied: bool = True
     extra: dict[str, Any] = field(default_factory=dict)
     dropped: tuple[dict[str, str], ...] = ()
+    signals: tuple[str, ...] = ()
 
 
 def default_sandbox() -> SandboxConfig:
@@ -208,12 +210,12 @@ async def grade_patch_async(
     spec = make_test_spec(instance)
     iid = spec.instance_id
     policy = apply_policy(patch)  # only source reaches the grader
-    dropped = tuple(policy.report())
+    dropped, signals = tuple(policy.report()), policy.signals
     pred = {"instance_id": iid, "model_name_or_path": "sao", "model_patch": policy.patch}
     if not policy.patch.strip():
         # The harness skips empty predictions as unresolved without starting a container; so do we.
         report = {iid: {"patch_is_None": False, "patch_exists": False, "resolved": False, "empty_patch": True}}
-        return GradeResult(False, report, applied=False, dropped=dropped)
+        return GradeResult(False, report, applied=False, dropped=dropped, signals=signals)
     cfg = grader_sandbox(sandbox, spec.image)
     t0 = time.monotonic()
     try:
@@ -230,7 +232,8 @@ async def grade_patch_async(
     except SandboxDiedError as e:  # while applying: only the patch's doing can stop the container then
         report = {iid: {"patch_is_None": False, "patch_exists": True, "resolved": False}}
         died = _failure("sandbox_died", f"the grading sandbox died: {e}")
-        return GradeResult(False, report, seconds=time.monotonic() - t0, applied=False, extra=died, dropped=dropped)
+        seconds = time.monotonic() - t0
+        return GradeResult(False, report, seconds=seconds, applied=False, extra=died, dropped=dropped, signals=signals)
     except SandboxError as e:
         raise GradingInfraError(f"the grading sandbox of {iid} failed: {e}") from e
     finally:
@@ -238,7 +241,7 @@ async def grade_patch_async(
             await sb.close()
         except SandboxError:  # the verdict stands; a container left behind is reaped with its owner
             pass
-    return dataclasses.replace(result, seconds=time.monotonic() - t0, dropped=dropped)
+    return dataclasses.replace(result, seconds=time.monotonic() - t0, dropped=dropped, signals=signals)
 
 
 def grade_patch(

@@ -26,7 +26,10 @@ with the path and the reason in the grade's report (``PolicyResult.dropped``):
 - ``unsafe_path``: absolute paths and ``..``.
 
 Not closed here (library code runs inside the grader's pytest): a source change that monkeypatches pytest, or prints
-forged ``PASSED`` lines from the test process, when imported. The reward is only as strong as the test run.
+forged ``PASSED`` lines from the test process, when imported. The reward is only as strong as the test run. A
+detector flags it without changing the grade: ``PolicyResult.signals`` lists the kept patch's added lines that
+touch pytest, ``sys.modules``, ``atexit``, builtins, forged test verdicts, ``os._exit`` or ``os.fork``
+(``report.tamper_signals``).
 
 Parsing follows ``git apply``: a section starts at ``diff --git`` or at a ``---``/``+++`` pair, hunks are consumed by
 the line counts of their ``@@`` headers, and lines outside any section are dropped, so ``git apply`` and the harness's
@@ -67,6 +70,11 @@ REASONS = {
     "unsafe_path": "an absolute path or one with '..'",
     "misread": "git apply reads a path here that the policy's own reading did not: nothing of the patch is graded",
 }
+_SIGNALS = re.compile(
+    r"\b_?pytest\b|sys\.modules\s*\[|\batexit\b|\b__builtins__\b|\bimport builtins\b|\bbuiltins\.|"
+    r"\b(?:PASSED|FAILED|XPASS|XFAIL)\b|\bos\._exit\b|\bos\.fork\b"
+)
+MAX_SIGNALS = 10
 _HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 _QUOTED_ESCAPES = {"a": "\a", "b": "\b", "t": "\t", "n": "\n", "v": "\v", "f": "\f", "r": "\r", '"': '"', "\\": "\\"}
 _GIT_HEADERS = (
@@ -95,6 +103,8 @@ class PolicyResult:
     patch: str
     dropped: tuple[Dropped, ...] = ()
     sections: int = 0
+    signals: tuple[str, ...] = ()
+    """Added lines of the kept patch that may tamper with the test run (at most ``MAX_SIGNALS``); not a verdict."""
 
     def report(self) -> list[dict[str, str]]:
         """The dropped paths for a grade report: ``[{"path", "kind", "reason"}]``."""
@@ -307,7 +317,13 @@ def apply_policy(patch: str) -> PolicyResult:
     misread = [(p, kind) for p in git_apply_paths(text) or [] if (kind := path_kind(p))]
     if misread:
         return PolicyResult("", (*dropped, *(Dropped(p, "misread") for p, _ in misread)), sections)
-    return PolicyResult(text, tuple(dropped), sections)
+    return PolicyResult(text, tuple(dropped), sections, tamper_signals(kept))
+
+
+def tamper_signals(lines: list[str]) -> tuple[str, ...]:
+    """The added lines among ``lines`` (a patch's) that match the tampering signals, cut to 200 characters each."""
+    found = [ln.rstrip("\r\n")[:200] for ln in lines if ln.startswith("+") and not ln.startswith("+++ ")]
+    return tuple(ln for ln in found if _SIGNALS.search(ln))[:MAX_SIGNALS]
 
 
 def git_apply_paths(patch: str) -> list[str] | None:

@@ -80,18 +80,21 @@ def _run_id(preds: list[dict[str, Any]]) -> str:
     return f"sao-{digest}"
 
 
-def _cut_to_source(preds: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, list[dict[str, str]]]]:
-    """(the predictions with each patch cut by the patch policy, what was dropped from each by instance id)."""
+def _cut_to_source(preds: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """(the predictions with each patch cut by the patch policy, ``{"dropped": ..., "tamper_signals": ...}`` by
+    instance id, for the instances that have any)."""
     from sao.envs.swe.patch_policy import apply_policy
 
-    dropped: dict[str, list[dict[str, str]]] = {}
+    notes: dict[str, Any] = {"dropped": {}, "tamper_signals": {}}
     graded = []
     for p in preds:
         policy = apply_policy(p["model_patch"] or "")
         if policy.dropped:
-            dropped[p["instance_id"]] = policy.report()
+            notes["dropped"][p["instance_id"]] = policy.report()
+        if policy.signals:
+            notes["tamper_signals"][p["instance_id"]] = list(policy.signals)
         graded.append({**p, "model_patch": policy.patch})
-    return graded, dropped
+    return graded, notes
 
 
 def grade_with_harness(
@@ -102,7 +105,7 @@ def grade_with_harness(
     The harness grades each patch cut to source by the training reward's patch policy (``dropped``: the rest)."""
     from swebench.harness.constants import APPLY_PATCH_FAIL, LOG_INSTANCE, LOG_REPORT, RUN_EVALUATION_LOG_DIR
 
-    preds, dropped = _cut_to_source(preds)
+    preds, notes = _cut_to_source(preds)
     workdir = workdir.resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     by_id = {r["instance_id"]: r for r in records}
@@ -169,7 +172,7 @@ def grade_with_harness(
         "infra_errors": count["infra_error"],
         "verdicts": verdicts,
         "errors": errors,
-        "dropped": dropped,
+        **notes,
         "log": str(log_path),
         "logs_dir": str(workdir / RUN_EVALUATION_LOG_DIR / run_id),
         "wall_s": round(time.perf_counter() - t0, 1),

@@ -159,3 +159,20 @@ def test_git_reads_the_kept_patch_too_and_a_misreading_grades_nothing(monkeypatc
     monkeypatch.setattr(policy, "_section_kind", lambda sec: None)
     result = apply_policy(SOURCE + new_file("conftest.py"))
     assert result.patch == "" and [(d.path, d.kind) for d in result.dropped] == [("conftest.py", "misread")]
+
+
+def test_tampering_is_flagged_not_judged() -> None:
+    """The gap the rules cannot close (library code run by the grader's pytest) gets a detector, not a verdict."""
+    tamper = new_file(
+        "toolz/_speedups.py",
+        "import atexit, sys\nsys.modules['pytest'].main = None\natexit.register(lambda: print('PASSED t::x'))\nx = 1\n",
+    )
+    result = apply_policy(SOURCE + tamper)
+    assert result.patch == SOURCE + tamper and result.dropped == ()
+    assert result.signals == (
+        "+import atexit, sys",
+        "+sys.modules['pytest'].main = None",
+        "+atexit.register(lambda: print('PASSED t::x'))",
+    )
+    assert apply_policy(SOURCE).signals == ()
+    assert apply_policy(new_file("conftest.py", "import pytest\n")).signals == ()  # dropped: nothing to flag
