@@ -42,7 +42,7 @@ async def test_sandbox_host_runs_commands_dies_restarts_and_is_lost(ray_cluster:
     from sao.sandboxes.config import SandboxConfig
     from sao.sandboxes.docker import DockerSandbox
     from sao.sandboxes.pool import acquire_sandbox, use_pools
-    from sao.sandboxes.protocols import SandboxUnavailableError
+    from sao.sandboxes.protocols import RootCommands, SandboxUnavailableError
     from sao.trainer.cluster.sandbox_host import SandboxHostClient, SandboxHostImpl, episode_sandboxes
 
     host_cls: Any = ray.remote(SandboxHostImpl)
@@ -64,7 +64,8 @@ async def test_sandbox_host_runs_commands_dies_restarts_and_is_lost(ray_cluster:
             assert await sb.read_file("/tmp/x.txt") == "hello from node b"
             res = await sb.exec("echo $((6 * 7)); exit 3")
             assert (res.exit_code, res.output.strip()) == (3, "42")
-            assert await sb.exec_as_root(["id", "-u"]) == (0, "0\n")  # the SWE env's own steps (repo_patch)
+            assert isinstance(sb, RootCommands)  # the SWE env's own steps (repo_patch) run as root on the host too
+            assert await sb.exec_as_root(["id", "-u"]) == (0, "0\n")
             assert len(_containers_of(first["pid"])) >= 1
             print(f"exec('true') through the sandbox host: {await _mean_exec_s(sb) * 1e3:.1f} ms", end="; ")
             async with await DockerSandbox.create(cfg) as direct:
