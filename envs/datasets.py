@@ -307,10 +307,9 @@ def arithmetic_chain_tasks(n: int, seed: int = 0, levels: tuple[int, ...] = CHAI
         plural = "s" if level > 1 else ""
         problem = (
             f"Level {level} of {max(CHAIN_LEVELS)}: {level} step{plural}. Run each step with the python tool, one call "
-            f"per step; {CHAIN_ANS} is the number the previous call printed.\n"
-            + "".join(f"Step {k}: {text}\n" for k, text in enumerate(steps, 1))
-            + "Give the last number printed as \\boxed{N}."
-        )
+            f"per step; {CHAIN_ANS} is the number the previous call printed. After the last step, answer with the last "
+            "number printed in \\boxed{}.\n" + "\n".join(f"Step {k}: {text}" for k, text in enumerate(steps, 1))
+        )  # it ends on the steps: a prompt ending on "\\boxed{N}" had the SFT policy answer "\\boxed{N}" at once
         # answer_format: the number the last call printed; math-verify alone would accept "\\boxed{608 * 69}" at level 1
         record = {"id": f"chain-{seed}-{i}", "problem": problem, "answer": str(value), "level": level}
         tasks.append(record | {"answer_format": "integer"})

@@ -31,7 +31,7 @@ _PROBLEM = re.compile(r"Compute ([0-9+\-*/() ]+?)\.\s")
 _CALL_END = "</tool_call>"
 _CALL_START = "<tool_call>"
 _INT = re.compile(r"-?\d+")
-_STEP = re.compile(r"^Step (\d+): ([^\n]+)$", re.M)
+_STEP = re.compile(r"^Step (\d+): ([^\n<]+)", re.M)  # the last step's line ends with the template's end of turn
 
 
 def _call(expr: str) -> str:
