@@ -196,6 +196,9 @@ def test_every_hostile_episode_is_graded_as_the_unfixed_repository(env: Any, tas
             failed[name] = (reward, sorted(dropped), report.get("failure"), patch[:600])
     print(f"hostile episodes: {seconds} (total {time.monotonic() - t0:.0f} s)")
     assert not failed, failed
+    # the process grader_files leaves holding the eval's output is killed when the eval script ends: no wait for the
+    # grade's 120 s timeout
+    assert seconds["grader_files"] < 100, seconds
 
 
 def test_the_honest_fix_earns_1_also_with_its_git_wrecked(env: Any, task: dict[str, Any]) -> None:
