@@ -65,7 +65,7 @@ def check_what_the_trainer_consumed(train: Path, start_model: Path, budget: int,
     trained one batch of ``rows`` trajectories."""
     from safetensors.torch import load_file
 
-    from sao.trainer.algos.registry import PolicyLossInputs, get_advantage, get_policy_loss
+    from sao.trainer.algos.registry import PolicyLossInputs, advantage_traits, get_advantage, get_policy_loss
     from sao.trainer.config import load_config
     from sao.trainer.learn.batch import collate
     from sao.trainer.learn.learner import Learner
@@ -93,7 +93,7 @@ def check_what_the_trainer_consumed(train: Path, start_model: Path, budget: int,
         assert set(nz) <= set(last) and abs(float(batch.rewards[r].sum()) - t.reward) < 1e-6
         assert all(bool(act[r, p]) for p in last)
     # advantages through the learner's own GAE (its config: skip-observation GAE, length-adaptive lambda)
-    stub = SimpleNamespace(cfg=cfg, adv_fn=get_advantage("skip_obs_gae"))
+    stub = SimpleNamespace(cfg=cfg, adv_fn=get_advantage("skip_obs_gae"), adv_traits=advantage_traits("skip_obs_gae"))
     raw = torch.rand(batch.shape)
     values = shifted_values(raw) * batch.response_mask
     adv, _ = Learner._gae(stub, batch, values, value_after(raw, batch))  # type: ignore[arg-type]
