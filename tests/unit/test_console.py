@@ -11,6 +11,9 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
+from sao.core import console
 from sao.core.console import MAX_WIDTH, ProgressLine
 
 
@@ -99,3 +102,16 @@ def test_eta_text_for_log_lines() -> None:
         and eta_text(3.0, 0, 5) == "? left"
         and eta_text(9.0, 3, 3) == "~0:00 left"
     )
+
+
+def test_a_progress_line_on_a_pipe_repeats_itself_while_a_unit_takes_long(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A phase whose units take minutes (value pretraining's critic steps at load) must not go silent in a log:
+    with no update the line is written again every HEARTBEAT_S, its clock moved on."""
+    monkeypatch.setattr(console, "HEARTBEAT_S", 1.0)
+    buf = io.StringIO()
+    line = ProgressLine("value fit", 8, stream=buf, every_s=0.0, status="first step")
+    time.sleep(3.5)  # no update at all: the first step has not finished
+    line.close()
+    lines = [x for x in buf.getvalue().splitlines() if x.startswith("value fit 0/8")]
+    assert len(lines) >= 3, lines  # the first write, then >= 2 heartbeats (1 s apart, polled each second)
+    assert lines[0].split()[4].startswith("0:00<") and lines[-2].split()[4] != lines[0].split()[4], lines

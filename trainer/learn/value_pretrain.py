@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from sao.agent.records import Trajectory
-from sao.core.console import say
+from sao.core.console import ProgressLine, say
 from sao.core.jsonl import iter_jsonl
 from sao.trainer import distributed as dist_utils
 from sao.trainer.algos.losses import explained_variance_from_sums, explained_variance_sums
@@ -171,30 +171,37 @@ def fit_critic(
     rng = random.Random(cfg.run.seed)
     loss, ev, steps = float("nan"), float("nan"), 0
     curve: list[dict[str, float]] = []
-    for epoch in range(epochs):
-        norms: list[float] = []  # the critic's gradient norm before its clip, per step
-        order = list(range(len(fit)))
-        rng.shuffle(order)
-        for batch in _batches(fit, order, bs):
-            full = collate(batch, pad_id)
-            micro = shard_batch(full, cfg.deepspeed)
-            masks = [critic_mask(b) for b in micro]
-            rets = _returns(critic, full, micro, cfg, lam)
-            n_total, scale = token_scale(masks, grad_accum)
-            values: list[torch.Tensor] = []
-            total, norm, _ = critic_step(critic, micro, masks, rets, None, None, scale, seen=values)
-            norms.append(norm)
-            loss = dist_utils.all_reduce_sum([total])[0] / max(n_total, 1.0)
-            ev = explained_variance_from_sums(dist_utils.all_reduce_sum(explained_variance_sums(values, rets, masks)))
-            steps += 1
-        held_ev = held_out_ev(critic, held, cfg, pad_id)
-        gn = sum(norms) / len(norms) if norms else float("nan")
-        curve.append({"epoch": epoch + 1, "loss": loss, "fit_ev": ev, "held_out_ev": held_ev, "grad_norm": gn})
-        if dist_utils.rank() == 0:
-            say(
-                f"value pretraining epoch {epoch + 1}/{epochs}: loss {loss:.4f} explained variance {_ev_text(ev)} "
-                f"(held out {_ev_text(held_ev)})"
-            )
+    per_epoch = max(len(fit) // bs, 1) if fit else 0
+    line = ProgressLine("value fit", epochs * per_epoch, status="first step", enabled=dist_utils.rank() == 0)
+    try:
+        for epoch in range(epochs):
+            norms: list[float] = []  # the critic's gradient norm before its clip, per step
+            order = list(range(len(fit)))
+            rng.shuffle(order)
+            for batch in _batches(fit, order, bs):
+                full = collate(batch, pad_id)
+                micro = shard_batch(full, cfg.deepspeed)
+                masks = [critic_mask(b) for b in micro]
+                rets = _returns(critic, full, micro, cfg, lam)
+                n_total, scale = token_scale(masks, grad_accum)
+                values: list[torch.Tensor] = []
+                total, norm, _ = critic_step(critic, micro, masks, rets, None, None, scale, seen=values)
+                norms.append(norm)
+                loss = dist_utils.all_reduce_sum([total])[0] / max(n_total, 1.0)
+                ev_sums = explained_variance_sums(values, rets, masks)
+                ev = explained_variance_from_sums(dist_utils.all_reduce_sum(ev_sums))
+                steps += 1
+                line.update(steps, f"epoch {epoch + 1}/{epochs} loss {loss:.4f}")
+            held_ev = held_out_ev(critic, held, cfg, pad_id)
+            gn = sum(norms) / len(norms) if norms else float("nan")
+            curve.append({"epoch": epoch + 1, "loss": loss, "fit_ev": ev, "held_out_ev": held_ev, "grad_norm": gn})
+            if dist_utils.rank() == 0:
+                say(
+                    f"value pretraining epoch {epoch + 1}/{epochs}: loss {loss:.4f} explained variance {_ev_text(ev)} "
+                    f"(held out {_ev_text(held_ev)})"
+                )
+    finally:
+        line.close()
     sd = dist_utils.full_state_dict(critic.module, cfg.deepspeed.zero_stage)
     if sd is not None:
         critic.module.save(out, state=sd)
