@@ -10,10 +10,11 @@ decodes the prompt it is given and acts like a careful tool user:
    (if the tool printed no integer, it calls the tool again).
 
 It solves the tasks whose problem reads ``Compute EXPR.`` (``sao.envs.datasets.arithmetic_tasks``) and the chain
-tasks (``arithmetic_chain_tasks``: lines ``Step k: EXPR``), one call per step, each step's ``ANS`` replaced by the
-last integer the previous call printed (a call that printed none is run again), then ``\\boxed{}`` of the last one.
-On any other problem it raises ``EngineError`` (the episode is an infra error, never a fake demonstration). Each token's
-logprob is 0.0 (a deterministic policy); the action ends with the template's end-of-turn token.
+tasks (``arithmetic_chain_tasks``: lines ``Step k: EXPR``), one call per step (``print(EXPR)  # step k of L``),
+each step's ``ANS`` replaced by the last integer the previous call printed (a call that printed none is run
+again), then ``\\boxed{}`` of the last one. On any other problem it raises ``EngineError`` (the episode is an
+infra error, never a fake demonstration). Each token's logprob is 0.0 (a deterministic policy); the action ends
+with the template's end-of-turn token.
 """
 
 from __future__ import annotations
@@ -34,8 +35,9 @@ _INT = re.compile(r"-?\d+")
 _STEP = re.compile(r"^Step (\d+): ([^\n<]+)", re.M)  # the last step's line ends with the template's end of turn
 
 
-def _call(expr: str) -> str:
-    return _CALL_START + json.dumps({"name": "python", "arguments": {"code": f"print({expr})"}}) + _CALL_END
+def _call(expr: str, note: str = "") -> str:
+    code = f"print({expr})" + (f"  # {note}" if note else "")
+    return _CALL_START + json.dumps({"name": "python", "arguments": {"code": code}}) + _CALL_END
 
 
 def _chain_action(prompt_text: str) -> str | None:
@@ -58,7 +60,8 @@ def _chain_action(prompt_text: str) -> str | None:
     if len(printed) >= len(steps):
         return f"\\boxed{{{printed[-1]}}}"
     step = steps[len(printed)]
-    return _call(step.replace(CHAIN_ANS, printed[-1]) if printed else step)
+    # the comment keeps the count in the policy's own actions: what it needs to know whether a step is left
+    return _call(step.replace(CHAIN_ANS, printed[-1]) if printed else step, f"step {len(printed) + 1} of {len(steps)}")
 
 
 def solver_action(prompt_text: str) -> str:

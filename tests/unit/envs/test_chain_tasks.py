@@ -134,13 +134,14 @@ def test_a_chain_answer_must_be_the_number_not_an_expression_equal_to_it(env: Py
 
 def test_the_solver_reruns_a_step_whose_call_printed_no_number() -> None:
     head = "<|im_start|>user\nLevel 2 of 4: 2 steps. Run...\nStep 1: 120 * 12\nStep 2: ANS + 101\nGive...<|im_end|>\n"
-    first = '<tool_call>{"name": "python", "arguments": {"code": "print(120 * 12)"}}</tool_call>'
+    first = '<tool_call>{"name": "python", "arguments": {"code": "print(120 * 12)  # step 1 of 2"}}</tool_call>'
     assert solver_action(head) == first
     failed = f"{head}<|im_start|>assistant\n{first}<|im_end|>\n<|im_start|>user\nTraceback: boom<|im_end|>\n"
     assert solver_action(failed) == first
     done = failed.replace("Traceback: boom", "1440")
     assert (
-        solver_action(done) == '<tool_call>{"name": "python", "arguments": {"code": "print(1440 + 101)"}}</tool_call>'
+        solver_action(done)
+        == '<tool_call>{"name": "python", "arguments": {"code": "print(1440 + 101)  # step 2 of 2"}}</tool_call>'
     )
     second = done + "<|im_start|>assistant\n<tool_call>...</tool_call><|im_end|>\n<|im_start|>user\n1541\n<|im_end|>"
     assert solver_action(second) == "\\boxed{1541}"
