@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests._cli_env import cli_env
 from tests._require import missing
 from tests.conftest import free_port
 
@@ -28,15 +29,6 @@ CHROME_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-backgr
 pytestmark = [pytest.mark.deepspeed, pytest.mark.slow]
 
 
-def _env() -> dict[str, str]:
-    from sao.core.paths import torch_extensions_dir
-
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
-    env.setdefault("TORCH_EXTENSIONS_DIR", str(torch_extensions_dir()))
-    env["PYTHONPATH"] = str(ROOT)
-    return env
-
-
 @pytest.fixture(scope="module")
 def toy_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """4 steps of the toy job (8 episodes a step), 4 of them recorded per token each step (~20 s)."""
@@ -45,7 +37,7 @@ def toy_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
             "trainer.batch_size=8", "deepspeed.micro_batch_size=8", "rollout.concurrency=8", "rollout.buffer_size=8",
             "trainer.skip_uniform_reward_batches=false", "run.progress=false", "run.plot=false",
             "run.tensorboard=false"]  # fmt: skip
-    out = subprocess.run([sys.executable, "-m", "sao.cli.main", "train", *args], cwd=ROOT, env=_env(),
+    out = subprocess.run([sys.executable, "-m", "sao.cli.main", "train", *args], cwd=ROOT, env=cli_env(),
                          capture_output=True, text=True, timeout=600)  # fmt: skip
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return run
@@ -55,7 +47,7 @@ def toy_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def view_url(toy_run: Path) -> Iterator[str]:
     """`sao view` on the toy run, as a user starts it; its URL as it printed it."""
     cmd = [sys.executable, "-m", "sao.cli.main", "view", str(toy_run), "--port", str(free_port())]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests._cli_env import cli_env
 from tests.conftest import free_port
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -29,15 +30,6 @@ FAST = [
 ]
 
 pytestmark = [pytest.mark.deepspeed, pytest.mark.slow]
-
-
-def _env() -> dict[str, str]:
-    from sao.core.paths import torch_extensions_dir
-
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
-    env.setdefault("TORCH_EXTENSIONS_DIR", str(torch_extensions_dir()))
-    env["PYTHONPATH"] = str(ROOT)
-    return env
 
 
 def _sao(*args: str) -> list[str]:
@@ -62,7 +54,7 @@ def test_kill9_and_resume_keeps_the_books(tmp_path: Path) -> None:
 
     run = tmp_path / "run"
     args = ["train", str(ROOT / "configs/toy.yaml"), f"run.dir={run}", "run.total_steps=5", "run.save_every=2", *FAST]
-    proc = subprocess.Popen(_sao(*args), env=_env(), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(_sao(*args), env=cli_env(), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.time() + 400
     # Kill after the step-2 checkpoint and at least one more step, so there is a lost branch to reconcile.
     while time.time() < deadline and (max(_steps(run), default=0) < 3 or not (run / "checkpoints/latest").exists()):
@@ -73,7 +65,7 @@ def test_kill9_and_resume_keeps_the_books(tmp_path: Path) -> None:
     before, _ = replay(run / "trajectories.jsonl")
     assert before.generated > 0
     res = subprocess.run(
-        _sao("train", "--resume", str(run)), env=_env(), cwd=ROOT, capture_output=True, text=True, timeout=600
+        _sao("train", "--resume", str(run)), env=cli_env(), cwd=ROOT, capture_output=True, text=True, timeout=600
     )
     assert res.returncode == 0, res.stderr[-3000:]
     acc, _ = replay(run / "trajectories.jsonl")
@@ -121,7 +113,7 @@ def test_resume_with_another_config_is_refused(tmp_path: Path) -> None:
     save_config(load_config(ROOT / "configs/toy.yaml", [f"run.dir={run}"]), run / "config.yaml")
     res = subprocess.run(
         _sao("train", str(ROOT / "configs/toy.yaml"), "--resume", str(run), "trainer.lr=0.1"),
-        env=_env(),
+        env=cli_env(),
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -131,7 +123,7 @@ def test_resume_with_another_config_is_refused(tmp_path: Path) -> None:
     assert "trainer.lr" in res.stderr and "saved config" in res.stderr
     res = subprocess.run(
         _sao("train", str(ROOT / "configs/toy.yaml"), f"run.dir={run}"),
-        env=_env(),
+        env=cli_env(),
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -148,7 +140,7 @@ def test_two_ranks_train_and_stay_identical(tmp_path: Path, stage: int) -> None:
         "-m", "sao.cli.main", "train", str(ROOT / "configs/toy.yaml"), f"run.dir={run}", "run.total_steps=2",
         f"deepspeed.zero_stage={stage}", "run.param_digest=true", *FAST,
     ]  # fmt: skip
-    res = subprocess.run(cmd, env=_env(), cwd=ROOT, capture_output=True, text=True, timeout=600)
+    res = subprocess.run(cmd, env=cli_env(), cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-4000:]
     assert _steps(run) == [1, 2]
     d0 = json.loads((run / "param_digest/rank0.json").read_text())
