@@ -344,10 +344,10 @@ class EvalConfig:
     training reward runs a sample of the tests, its evals grade on all of them as the official harness does."""
     critic_probe: bool = False
     """Measure the critic as a predictor on the eval episodes (``trainer.runs.critic_probe``): after value
-    pretraining on the eval before it (the critic before and after the fit), and after RL on the eval after it (RL's
-    final critic): per difficulty level its mean value at the first action token against the success, and its
-    held-out explained variance; in the summary and ``plots/critic_calibration.png``. Costs a critic load and a
-    forward over the eval episodes per critic."""
+    pretraining on the eval before it (the fitted critic), and after RL on the eval after it (RL's final critic): per
+    difficulty level its mean value at the first action token against the success, and its held-out explained
+    variance; in the summary and ``plots/critic_calibration.png``. Costs a critic load and a forward over the eval
+    episodes per critic."""
 
 
 CLUSTER_BACKENDS = ("local", "ray")

@@ -3,7 +3,7 @@
 table and ``plots/critic_calibration.png``), and its explained variance over every action token of those episodes.
 
 The episodes are an eval stage's (held-out tasks the critic never fit, sampled from the policy being evaluated): the
-eval after SFT for the critic before and after value pretraining, the eval after RL for RL's final critic.
+eval after SFT for the critic value pretraining fitted, the eval after RL for RL's final critic.
 """
 
 from __future__ import annotations
