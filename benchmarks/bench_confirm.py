@@ -201,7 +201,7 @@ def arm_result(name: str, summary: dict[str, Any], sft_eval: dict[str, Any], run
         else time_limited(_stage_dir(run_dir, "eval"), int(after["episodes"])),
         # rollouts that trained only the critic (value pretraining, warm-up batches): not in the policy's budget
         "critic_only_rollouts": (int(pretrain["rollouts"]) if pretrain else 0)
-        + sum(int(w.get("trajectories", 0)) for w in warm),
+        + sum(int(w.get("episodes", w.get("trajectories", 0))) for w in warm),  # "trajectories" before episodes
         "pretrain_held_out_ev": None if pretrain is None else pretrain.get("held_out_ev_after"),
         "curves": curve,
     }
