@@ -51,11 +51,11 @@ def time_learner_phases() -> None:
         def wrapper(self: Any, *a: Any, **k: Any) -> Any:
             sync()
             t0 = time.perf_counter()
-            try:
-                return fn(self, *a, **k)
-            finally:
-                sync()
+            out = fn(self, *a, **k)
+            sync()
+            if label != "values" or self.critic is not None:  # without a critic the values phase does no work
                 acc[label] = acc.get(label, 0.0) + time.perf_counter() - t0
+            return out
 
         return wrapper
 
