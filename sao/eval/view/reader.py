@@ -246,9 +246,21 @@ def tokenizer_source(run: Path) -> str | None:
         data = _json_file(run / name)
         model = data.get("model") if isinstance(data, dict) else None
         if isinstance(model, str) and model:
-            kind, sep, rest = model.partition(":")
-            return rest if sep and kind in ("local", "hf") else model
+            return _model_source(model)
     return None
+
+
+def _model_source(model: str) -> str:
+    """A summary's model (an engine spec such as ``local:DIR``, or a path) -> what a tokenizer loads from."""
+    from sao.agent.engines.registry import ModelSpecError, parse_model_spec, spec_forms
+
+    try:
+        spec = parse_model_spec(model)
+    except ModelSpecError:  # e.g. the model directory is gone: keep the target of a registered local form
+        kind, sep, rest = model.partition(":")
+        local = sep and kind in {f.kind for f in spec_forms()} and "://" not in rest
+        return rest if local else model
+    return spec.path or spec.model or model
 
 
 class Decoder:
