@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tests._cli_env import cli_env
 from tests.conftest import free_port
-from tests.integration.trainer.test_runs import _env
 
 pytestmark = [pytest.mark.deepspeed, pytest.mark.timeout(600)]
 
@@ -20,7 +20,7 @@ def test_zero3_push_sends_every_full_tensor(tmp_path: Path) -> None:
     helper = Path(__file__).with_name("_zero3_push_worker.py")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
            str(helper), str(out), str(free_port())]  # fmt: skip
-    proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=500)
+    proc = subprocess.run(cmd, env=cli_env(), capture_output=True, text=True, timeout=500)
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads(out.read_text())
     print(res)

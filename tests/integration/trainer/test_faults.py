@@ -16,9 +16,10 @@ from typing import Any
 
 import pytest
 
+from tests._cli_env import cli_env
 from tests._require import missing
 from tests.conftest import free_port
-from tests.integration.trainer.test_runs import FAST, ROOT, _env, _sao, _steps
+from tests.integration.trainer.test_runs import FAST, ROOT, _sao, _steps
 
 pytestmark = [pytest.mark.deepspeed, pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -33,7 +34,7 @@ def _resume_and_check_the_books(run: Path, steps: int, ranks: int = 1) -> None:
 
     if ranks == 1:
         res = subprocess.run(
-            _sao("train", "--resume", str(run)), env=_env(), cwd=ROOT, capture_output=True, text=True, timeout=600
+            _sao("train", "--resume", str(run)), env=cli_env(), cwd=ROOT, capture_output=True, text=True, timeout=600
         )
         assert res.returncode == 0, res.stderr[-3000:]
         err = res.stderr
@@ -55,7 +56,7 @@ def _resume_and_check_the_books(run: Path, steps: int, ranks: int = 1) -> None:
 def test_sigterm_stops_cleanly_with_a_checkpoint_and_resume_continues(tmp_path: Path) -> None:
     run = tmp_path / "run"
     args = ["train", str(ROOT / "configs/toy.yaml"), f"run.dir={run}", "run.total_steps=6", "run.save_every=5", *FAST]
-    proc = subprocess.Popen(_sao(*args), env=_env(), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(_sao(*args), env=cli_env(), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.time() + 400
     while time.time() < deadline and max(_steps(run), default=0) < 2:
         assert proc.poll() is None, proc.stderr.read().decode()[-3000:] if proc.stderr else ""
@@ -80,7 +81,7 @@ def _start_ranks(args: list[str], ranks: int, logs: Path) -> list[subprocess.Pop
     port, procs = free_port(), []
     for rank in range(ranks):
         world = {"RANK": str(rank), "WORLD_SIZE": str(ranks), "LOCAL_RANK": str(rank)}
-        env = {**_env(), **world, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+        env = {**cli_env(), **world, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
         with (logs / f"rank{rank}.log").open("wb") as out:
             procs.append(subprocess.Popen(_sao(*args), env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT))
     return procs
@@ -147,7 +148,7 @@ def _fill(folder: Path) -> Path:
 def test_disk_full_while_checkpointing_keeps_the_previous_checkpoint(small_disk: Path) -> None:
     run = small_disk.parent
     args = ["train", str(ROOT / "configs/toy.yaml"), f"run.dir={run}", "run.total_steps=5", "run.save_every=2", *FAST]
-    proc = subprocess.Popen(_sao(*args), env=_env(), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(_sao(*args), env=cli_env(), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     filled: list[Path] = []
 
     def fill_after_first_checkpoint() -> None:
@@ -194,7 +195,7 @@ def test_vllm_server_killed_mid_run_stops_cleanly_and_resume_continues(tmp_path:
     dims = "hidden_size: 128, intermediate_size: 256, num_hidden_layers: 2, num_attention_heads: 2"
     model = f"model.tiny_overrides={{{dims}, num_key_value_heads: 2}}"
     args += ["rollout.engine=vllm", "rollout.action_vocab=[]", model, *FAST]
-    proc = subprocess.Popen(_sao(*args), env=_env(), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(_sao(*args), env=cli_env(), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.time() + 600
     while time.time() < deadline and max(_steps(run), default=0) < 1:
         assert proc.poll() is None, proc.stderr.read().decode()[-3000:] if proc.stderr else ""
@@ -257,7 +258,7 @@ def test_given_servers_that_stop_answering_stop_the_run_with_a_checkpoint(tmp_pa
     url = f"http://127.0.0.1:{port}"
     args = ["train", str(ROOT / "configs/toy.yaml"), f"run.dir={run}", "run.total_steps=4", *FAST]
     args += ["rollout.engine=vllm", "rollout.action_vocab=[]", f"rollout.vllm_urls=[{url}]", "rollout.server_grace_s=3"]
-    proc = subprocess.Popen(_sao(*args), env=_env(), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(_sao(*args), env=cli_env(), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         deadline = time.time() + 400
         # the run is in its loop once episodes ask the server for completions (after the connect check)

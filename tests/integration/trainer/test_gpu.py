@@ -11,9 +11,10 @@ import pytest
 import torch
 
 from sao.trainer.config import config_from_dict
+from tests._cli_env import cli_env
 from tests.conftest import free_port
 from tests.integration.trainer._helpers import synthetic_trajectories
-from tests.integration.trainer.test_runs import FAST, ROOT, _env, _steps
+from tests.integration.trainer.test_runs import FAST, ROOT, _steps
 
 pytestmark = [pytest.mark.gpu, pytest.mark.deepspeed]
 # The GPU machine has no deepspeed until the wheels of `bash scripts/gpu_check.sh --prepare` are installed there.
@@ -67,7 +68,7 @@ def test_two_gpus_nccl_zero3_toy_run_stays_identical(tmp_path: Path) -> None:
         "-m", "sao.cli.main", "train", str(ROOT / "configs/toy.yaml"), f"run.dir={run}", "run.total_steps=2",
         "deepspeed.zero_stage=3", "deepspeed.bf16=true", "run.param_digest=true", *FAST,
     ]  # fmt: skip
-    res = subprocess.run(cmd, env=_env(), cwd=ROOT, capture_output=True, text=True, timeout=900)
+    res = subprocess.run(cmd, env=cli_env(), cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stderr[-4000:]
     assert _steps(run) == [1, 2]
     d0 = json.loads((run / "param_digest/rank0.json").read_text())

@@ -14,8 +14,9 @@ import pytest
 
 from sao.trainer.rollout.ledger import replay
 from sao.trainer.runs.run_folder import latest_state
+from tests._cli_env import cli_env
 from tests.integration.sandboxes.test_daemon_restart import PrivateDockerd, dockerd  # noqa: F401 - the fixture
-from tests.integration.trainer.test_runs import FAST, ROOT, _env, _sao, _steps
+from tests.integration.trainer.test_runs import FAST, ROOT, _sao, _steps
 
 pytestmark = [pytest.mark.docker, pytest.mark.deepspeed, pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -32,7 +33,7 @@ def _args(run: Path, d: PrivateDockerd, steps: int, daemon_wait_s: float, *extra
 
 def _start(args: list[str], log: Path) -> subprocess.Popen[bytes]:
     with log.open("ab") as out:
-        return subprocess.Popen(_sao(*args), env=_env(), cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+        return subprocess.Popen(_sao(*args), env=cli_env(), cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
 
 
 def _wait_for_step(run: Path, step: int, proc: subprocess.Popen[bytes], log: Path) -> None:
@@ -80,7 +81,7 @@ def test_the_daemon_gone_for_good_stops_the_run_with_a_checkpoint_and_exit_75(do
     infra = _check_the_books(run, stopped_at)
     assert len(infra) >= 16, "the stop came before max(16, 2 x concurrency) infra errors in a row"
     dockerd.start()  # the daemon is back: the resume finishes the run
-    res = subprocess.run(_sao("train", "--resume", str(run)), env=_env(), cwd=ROOT, capture_output=True, timeout=600)
+    res = subprocess.run(_sao("train", "--resume", str(run)), env=cli_env(), cwd=ROOT, capture_output=True, timeout=600)
     assert res.returncode == 0, res.stderr.decode()[-3000:]
     _check_the_books(run, 4)
 

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from sao.core.jsonl import iter_jsonl
-from tests.integration.trainer.test_runs import FAST, ROOT, _env, _sao, _steps
+from tests._cli_env import cli_env
+from tests.integration.trainer.test_runs import FAST, ROOT, _sao, _steps
 
 pytestmark = [pytest.mark.deepspeed, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -32,7 +33,7 @@ def _tear(ledger: Path) -> bytes:
 def _resume(run: Path, *overrides: str) -> str:
     res = subprocess.run(
         _sao("train", "--resume", str(run), *overrides),
-        env=_env(),
+        env=cli_env(),
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -62,7 +63,7 @@ def _check_books(run: Path, steps: int, resumes: int) -> None:
 def test_a_torn_ledger_line_after_kill9_is_set_aside_and_two_resumes_keep_the_books(tmp_path: Path) -> None:
     run = tmp_path / "run"
     args = ["train", str(ROOT / "configs/toy.yaml"), f"run.dir={run}", "run.total_steps=4", "run.save_every=2", *FAST]
-    proc = subprocess.Popen(_sao(*args), env=_env(), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(_sao(*args), env=cli_env(), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.time() + 300
     # Kill after the step-2 checkpoint and one more step, so the resume voids a lost branch's events.
     while time.time() < deadline and (max(_steps(run), default=0) < 3 or not (run / "checkpoints/latest").exists()):
