@@ -204,7 +204,28 @@ def arm_result(name: str, summary: dict[str, Any], sft_eval: dict[str, Any], run
         + sum(int(w.get("episodes", w.get("trajectories", 0))) for w in warm),  # "trajectories" before episodes
         "pretrain_held_out_ev": None if pretrain is None else pretrain.get("held_out_ev_after"),
         "curves": curve,
+        # tasks of graded difficulty: per level the paired RL - SFT difference, and the critic's calibration
+        "level_by_task": dict(after.get("level_by_task") or {}),
+        "by_level": by_level_differences(sft_eval, after),
+        "critic_calibration": after.get("critic_calibration"),
     }
+
+
+def by_level_differences(before: dict[str, Any], after: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """Per difficulty level (the evals' ``level_by_task``): success before and after and the paired difference with
+    its SE over that level's tasks; empty for tasks without levels."""
+    from sao.eval.scores import paired_difference
+
+    levels = after.get("level_by_task") or {}
+    out: dict[str, dict[str, float]] = {}
+    for lv in sorted({int(v) for v in levels.values()}):
+        ids = {k for k, v in levels.items() if int(v) == lv}
+        b = {k: v for k, v in before["solved_by_task"].items() if k in ids}
+        a = {k: v for k, v in after["solved_by_task"].items() if k in ids}
+        d, se, n = paired_difference(b, a)
+        out[str(lv)] = {"tasks": n, "success_sft": sum(b.values()) / max(len(b), 1),
+                        "success_rl": sum(a.values()) / max(len(a), 1), "diff": d, "se": se}  # fmt: skip
+    return out
 
 
 def _stage_dir(run_dir: Path, stage: str) -> Path:
@@ -254,6 +275,24 @@ def between_arms(results: list[dict[str, Any]], summaries: dict[str, dict[str, A
         )
         z = _in_se(d, se)
         lines.append(f"{first} - {r['arm']}: {d:+.3f} ± {se:.3f} ({z}; paired over {n} held-out tasks)")
+    return lines
+
+
+def level_lines(results: list[dict[str, Any]]) -> list[str]:
+    """Per arm, the paired RL - SFT difference level by level, and the critic's first-action value against the
+    success per level where the arm's eval probed its critic (``eval.critic_probe``)."""
+    lines = []
+    for r in results:
+        if r.get("by_level"):
+            per = ", ".join(f"L{lv} {g['success_sft']:.2f} -> {g['success_rl']:.2f} ({g['diff']:+.2f} ± {g['se']:.2f})"
+                            for lv, g in r["by_level"].items())  # fmt: skip
+            lines.append(f"{r['arm']} by level: {per}")
+        for label, probe in ((r.get("critic_calibration") or {}).get("critics") or {}).items():
+            cal = ", ".join(f"L{k} V0 {g['mean_value']:.2f} / {g['success']:.2f}"
+                            for k, g in probe["by_level"].items() if k != "overall")  # fmt: skip
+            ev0 = probe["by_level"]["overall"]["first_action_ev"]
+            lines.append(f"{r['arm']} critic {label}: {cal}; EV tokens {probe['explained_variance']:.2f}, "
+                         f"first action {ev0:.2f}")  # fmt: skip
     return lines
 
 
@@ -347,6 +386,8 @@ def run(cc: ConfirmConfig, echo: Callable[[str], None] = print) -> dict[str, Any
     pairs = between_arms(results, summaries)
     for line in pairs:
         echo(line)
+    for line in level_lines(results):
+        echo(line)
     png = plot(results, cc.out / "confirm.png")
     t = shared_cfg["trainer"]
     data = {
@@ -420,7 +461,10 @@ def pool_seeds(outs: list[Path], echo: Callable[[str], None] = print) -> dict[st
     for n in names:
         pairs = [(r["solved_by_task_sft"], r["solved_by_task_rl"]) for r in rows[n]]
         mean, se, k = pooled_paired_difference(pairs)
+        diffs = [r["paired_diff"] for r in rows[n]]
         arms.append({
+            "between_seed_se": _between_seed_se(diffs),
+            "by_level": _pooled_by_level(pairs, rows[n][0].get("level_by_task") or {}),
             "arm": n,
             "seeds": [{"out": str(o), "overrides": d.get("overrides", []), "diff": r["paired_diff"],
                        "se": r["paired_diff_se"], "success_rl": r["success_rl"], "success_sft": r["success_sft"]}
@@ -432,22 +476,58 @@ def pool_seeds(outs: list[Path], echo: Callable[[str], None] = print) -> dict[st
     for n in names[1:]:
         pairs = [(b["solved_by_task_rl"], a["solved_by_task_rl"]) for a, b in zip(rows[names[0]], rows[n], strict=True)]
         mean, se, k = pooled_paired_difference(pairs)
-        between.append({"first": names[0], "other": n, "pooled_diff": mean, "pooled_se": se, "tasks": k})
-    headers = ["arm", "RL - SFT seed by seed (paired)", "pooled over seeds", "success after RL (mean)"]
+        diffs = [sum(a[t] - b[t] for t in b) / max(len(b), 1) for b, a in pairs]
+        between.append({"first": names[0], "other": n, "pooled_diff": mean, "pooled_se": se, "tasks": k,
+                        "between_seed_se": _between_seed_se(diffs),
+                        "by_level": _pooled_by_level(pairs, rows[n][0].get("level_by_task") or {})})  # fmt: skip
+    headers = ["arm", "RL - SFT seed by seed (paired)", "pooled over seeds (SE over tasks)", "SE between seeds",
+               "success after RL (mean)"]  # fmt: skip
     table = []
     for a in arms:
         table.append([
             a["arm"],
             ", ".join(f"{s['diff']:+.3f} ± {s['se']:.3f}" for s in a["seeds"]),
             f"{a['pooled_diff']:+.3f} ± {a['pooled_se']:.3f} ({_in_se(a['pooled_diff'], a['pooled_se'])})",
+            f"{a['between_seed_se']:.3f} ({_in_se(a['pooled_diff'], a['between_seed_se'])})",
             f"{a['success_rl_mean']:.3f}",
         ])  # fmt: skip
     print_table(headers, table, echo)
     for b in between:
         d, se = b["pooled_diff"], b["pooled_se"]
-        echo(f"{b['first']} - {b['other']} after RL, pooled over {len(outs)} seeds: {d:+.3f} ± {se:.3f} "
-             f"({_in_se(d, se)}) over {b['tasks']} held-out tasks")  # fmt: skip
+        echo(
+            f"{b['first']} - {b['other']} after RL, pooled over {len(outs)} seeds: {d:+.3f} ± {se:.3f} "
+            f"({_in_se(d, se)}) over {b['tasks']} held-out tasks; between seeds ± {b['between_seed_se']:.3f}"
+        )
+    for name, per in [(a["arm"] + " RL - SFT", a["by_level"]) for a in arms] + [
+        (f"{b['first']} - {b['other']}", b["by_level"]) for b in between
+    ]:
+        if per:
+            echo(f"{name} by level: " + ", ".join(f"L{lv} {g['diff']:+.3f} ± {g['se']:.3f}" for lv, g in per.items()))
     return {"runs": [str(o) for o in outs], "arms": arms, "between_arms": between}
+
+
+def _between_seed_se(diffs: list[float]) -> float:
+    """The standard error of the mean of per-seed differences (the seeds' own spread; nan with one seed)."""
+    k = len(diffs)
+    if k < 2:
+        return float("nan")
+    m = sum(diffs) / k
+    return float((sum((d - m) ** 2 for d in diffs) / (k - 1) / k) ** 0.5)
+
+
+def _pooled_by_level(
+    pairs: list[tuple[dict[str, int], dict[str, int]]], levels: dict[str, int]
+) -> dict[str, dict[str, float]]:
+    """``pooled_paired_difference`` over each level's tasks (``levels``: task id -> level); empty without levels."""
+    from sao.eval.scores import pooled_paired_difference
+
+    out: dict[str, dict[str, float]] = {}
+    for lv in sorted({int(v) for v in levels.values()}):
+        ids = {k for k, v in levels.items() if int(v) == lv}
+        sub = [({k: v for k, v in b.items() if k in ids}, {k: v for k, v in a.items() if k in ids}) for b, a in pairs]
+        d, se, n = pooled_paired_difference(sub)
+        out[str(lv)] = {"diff": d, "se": se, "tasks": n}
+    return out
 
 
 def plot_pool(pooled: dict[str, Any], path: Path) -> Path:

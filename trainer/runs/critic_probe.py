@@ -2,8 +2,9 @@
 (its guess of the return from the prompt alone) against the episode's outcome, per difficulty level (a calibration
 table and ``plots/critic_calibration.png``), and its explained variance over every action token of those episodes.
 
-The episodes are an eval stage's (held-out tasks the critic never fit, sampled from the policy being evaluated): the
-eval after SFT for the critic value pretraining fitted, the eval after RL for RL's final critic.
+The episodes are those of the eval after RL (held-out tasks no critic ever fit, sampled from the final policy): RL's
+final critic is probed on them, and so is the critic value pretraining fitted (where RL's critic started), so both
+are read on the same episodes.
 """
 
 from __future__ import annotations

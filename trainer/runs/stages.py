@@ -170,7 +170,11 @@ def eval_stage(cfg: Config, model_dir: str, out: Path) -> dict[str, Any]:
     if cfg.eval.critic_probe and rl is not None and (rl / "final" / "critic").is_dir():
         from sao.trainer.runs.critic_probe import calibrate
 
-        scores["critic_calibration"] = calibrate(cfg, {"after RL": str(rl / "final" / "critic")}, out)
+        critics = {"after RL": str(rl / "final" / "critic")}
+        fitted = _stage_before(out, "pretrain_value")
+        if fitted is not None and (fitted / "value_init").is_dir():  # where RL's critic started, on the same episodes
+            critics = {"after value pretraining": str(fitted / "value_init"), **critics}
+        scores["critic_calibration"] = calibrate(cfg, critics, out)
     return scores
 
 

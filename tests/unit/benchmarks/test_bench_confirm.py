@@ -254,3 +254,60 @@ def test_confirm_pool_takes_a_whole_job_folder_as_one_arm_with_its_own_sft_eval(
     (job / "config.yaml").write_text(yaml.safe_dump({"stages": ["collect", "sft"]}))
     with pytest.raises(ValueError, match="not the main job's"):
         run_pool([tmp_path / "s0", job], tmp_path / "pool")
+
+
+def test_levels_comparison_has_the_four_arms_from_one_sft_checkpoint_and_probes_only_sao_s_critic(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(ROOT)
+    cc = ConfirmConfig(out=tmp_path / "c", config=ROOT / "configs" / "bench" / "confirm_levels.yaml")
+    shared, arms = build_configs(cc)
+    assert list(arms) == ["sao", "running_mean", "grpo", "grpo_dis"]
+    assert shared["env"]["tasks"].startswith("arithmetic_chain")
+    for name, cfg in arms.items():
+        assert cfg["trainer"]["algorithm"] == name
+        assert cfg["eval"]["critic_probe"] is (name == "sao")
+        assert cfg["run"]["total_steps"] * cfg["trainer"]["batch_size"] == 64
+        assert {k: v for k, v in cfg["eval"].items() if k != "critic_probe"} == {
+            k: v for k, v in shared["eval"].items() if k != "critic_probe"
+        }
+
+
+def test_level_differences_pair_tasks_within_each_level_and_pool_over_seeds(tmp_path: Path) -> None:
+    import json
+
+    from sao.benchmarks.bench_confirm import by_level_differences, level_lines, run_pool
+
+    levels = {"a": 1, "b": 1, "c": 2, "d": 2}
+    before = {"solved_by_task": {"a": 1, "b": 0, "c": 0, "d": 0}}
+    after = {"solved_by_task": {"a": 1, "b": 1, "c": 0, "d": 1}, "level_by_task": levels}
+    per = by_level_differences(before, after)
+    assert per["1"]["success_sft"] == 0.5 and per["1"]["success_rl"] == 1.0 and per["1"]["diff"] == 0.5
+    assert per["2"]["diff"] == 0.5 and per["2"]["tasks"] == 2
+    assert by_level_differences(before, {"solved_by_task": after["solved_by_task"]}) == {}  # no levels, no table
+    row = {"arm": "sao", "by_level": per, "critic_calibration": {"critics": {"after RL": {
+        "explained_variance": 0.31, "by_level": {"1": {"mean_value": 0.8, "success": 0.9},
+                                                 "overall": {"first_action_ev": 0.2}}}}}}  # fmt: skip
+    lines = level_lines([row])
+    assert lines[0] == "sao by level: L1 0.50 -> 1.00 (+0.50 ± 0.50), L2 0.00 -> 0.50 (+0.50 ± 0.50)"
+    assert lines[1] == "sao critic after RL: L1 V0 0.80 / 0.90; EV tokens 0.31, first action 0.20"
+
+    for seed, rl in enumerate(({"a": 1, "b": 1, "c": 0, "d": 1}, {"a": 1, "b": 0, "c": 1, "d": 1})):
+        out = tmp_path / f"s{seed}"
+        out.mkdir()
+        arm = {
+            "arm": "sao",
+            "success_sft": 0.25,
+            "success_rl": 0.75,
+            "paired_diff": 0.5,
+            "paired_diff_se": 0.3,
+            "solved_by_task_sft": before["solved_by_task"],
+            "solved_by_task_rl": rl,
+            "level_by_task": levels,
+        }
+        (out / "confirm.json").write_text(json.dumps({"overrides": [], "arms": [arm]}))
+    pooled = run_pool([tmp_path / "s0", tmp_path / "s1"], tmp_path / "pool", echo=lambda _: None)
+    sao = pooled["arms"][0]
+    # level 1: a 0, b (1 + 0) / 2 -> 0.25; level 2: c (0 + 1) / 2, d 1 -> 0.75
+    assert sao["by_level"]["1"]["diff"] == pytest.approx(0.25) and sao["by_level"]["2"]["diff"] == pytest.approx(0.75)
+    assert sao["between_seed_se"] == pytest.approx(0.0)  # both seeds +0.5
