@@ -68,7 +68,15 @@ def test_every_shipped_run_config_is_a_valid_trainer_config(tmp_path: Path) -> N
     from sao.trainer.config import config_from_dict
 
     spec = load_yaml(SPEC)
-    assert set(spec["tasks"]) == {"main", "difficulty", "difficulty_symbol", "multiturn", "latency", "online_writing"}
+    assert set(spec["tasks"]) == {
+        "main",
+        "difficulty",
+        "difficulty_symbol",
+        "credit",
+        "multiturn",
+        "latency",
+        "online_writing",
+    }
     assert all("warm_start" in spec["families"][spec["tasks"][t]["family"]] for t in spec["tasks"])
     assert {"sao", "sao_k1", "sao_full_critic", "running_mean", "sao_token_gae", "grpo", "grpo_dis", "ppo"} <= set(
         task_variants(spec, "main")
