@@ -11,8 +11,11 @@ turn's observation:
   prompts and almost none of the next prompts: the state-dependent value a critic can learn and a running-mean
   baseline cannot).
 An answer is read as the first whitespace-separated word of the message, stripped of surrounding punctuation and
-quotes, compared case-insensitively. The env gives no feedback on correctness: the next observation is simply the
-next symbol, and the episode always lasts ``turns`` turns.
+quotes, compared case-insensitively. By default the env gives no feedback on correctness: the next observation is
+simply the next symbol, and the episode always lasts ``turns`` turns. With ``feedback=True`` each later turn's
+observation also counts the mistakes so far (``Turn 3/4 mistakes 1: A``), as a test run or a traceback tells an agent
+that its state is bad: with ``reward="all"`` a state with a mistake is worth 0 whatever comes next, and a critic
+can read that from the observation.
 
 Rewards. ``reward="all"`` (default): 1.0 on the last step if every turn was right, else 0 — credit must flow back
 across turns and through the observation tokens between them. ``reward="partial"``: each right turn pays
@@ -49,6 +52,7 @@ class TokenGameEnv(MultiTurnEnv):
         max_format_errors: int = 1000,
         max_wall_s: float = 600.0,
         next_share: float = 0.5,
+        feedback: bool = False,
     ) -> None:
         syms = list(symbols.split() if isinstance(symbols, str) and " " in symbols else symbols)
         lengths = [int(t) for t in (turns if isinstance(turns, list | tuple) else [turns])]
@@ -67,6 +71,7 @@ class TokenGameEnv(MultiTurnEnv):
         self.lengths = sorted(set(lengths))
         self.turns, self.symbols, self.rule, self.reward_mode = max(lengths), syms, rule, reward
         self.next_share = float(next_share)
+        self.feedback = bool(feedback)
         self._task_rule = "next" if rule == "next" else "copy"
         self._seq: list[str] = []
         self._answers: list[str] = []
@@ -114,6 +119,8 @@ class TokenGameEnv(MultiTurnEnv):
         return f"{intro}\n{self._turn_text(0)}", info
 
     def _turn_text(self, i: int) -> str:
+        if self.feedback and i > 0:
+            return f"Turn {i + 1}/{len(self._seq)} mistakes {self._correct.count(False)}: {self._seq[i]}"
         return f"Turn {i + 1}/{len(self._seq)}: {self._seq[i]}"
 
     @staticmethod

@@ -2,9 +2,9 @@
 (its guess of the return from the prompt alone) against the episode's outcome, per difficulty level (a calibration
 table and ``plots/critic_calibration.png``), and its explained variance over every action token of those episodes.
 
-The episodes are those of the eval after RL (held-out tasks no critic ever fit, sampled from the final policy): RL's
-final critic is probed on them, and so is the critic value pretraining fitted (where RL's critic started), so both
-are read on the same episodes.
+The episodes are an eval stage's (held-out tasks no critic ever fit): the value pretraining stage probes its critic
+on the eval after SFT (the policy it fitted), and the eval after RL probes both that critic and RL's final one on its
+own episodes, so the two are read side by side on the same episodes.
 """
 
 from __future__ import annotations

@@ -46,4 +46,9 @@ def test_staged_quickstart_runs_every_stage_and_prints_the_table(tiny_quickstart
     assert (run / "04_train" / "final" / "actor" / "model.safetensors").exists()
     assert [json.loads(x)["step"] for x in (run / "04_train" / "metrics.jsonl").read_text().splitlines()] == [1]
     assert "uniform-reward batches" in out  # the RL dynamics line under the table
+    # eval.critic_probe: the eval after RL reads both critics (where RL's started, where it ended) on its episodes
+    probed = summary["evals"][-1]["critic_calibration"]["critics"]
+    assert list(probed) == ["after value pretraining", "after RL"]
+    assert probed["after value pretraining"]["critic"] == pv["critic"]
+    assert all(p["by_level"]["all"]["episodes"] == summary["evals"][-1]["episodes"] for p in probed.values())
     print(f"tiny staged quickstart wall time {res.wall_s:.0f}s")

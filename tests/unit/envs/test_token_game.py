@@ -54,6 +54,16 @@ def test_observation_shows_the_next_symbol_each_turn() -> None:
     assert obs == "Turn 3/3: B"
 
 
+def test_feedback_counts_the_mistakes_so_far_in_each_later_observation() -> None:
+    env = TokenGameEnv(turns=4, feedback=True)
+    obs, _ = env.reset(options={"task": {"sequence": ["A", "C", "B", "A"]}})
+    assert obs.endswith("Turn 1/4: A")  # nothing answered yet
+    seen = [env.step(a)[0] for a in ("A", "B", "B")]  # right, wrong, right
+    assert seen == ["Turn 2/4 mistakes 0: C", "Turn 3/4 mistakes 1: B", "Turn 4/4 mistakes 1: A"]
+    _, reward, term, _, info = env.step("A")
+    assert term and reward == 0.0 and info["solved"] is False  # one mistake dooms the all-or-nothing episode
+
+
 def test_seed_draws_reproducible_sequences() -> None:
     env = TokenGameEnv(turns=5)
     a = env.reset(seed=7)[1]["task_id"]
