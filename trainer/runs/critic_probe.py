@@ -143,6 +143,7 @@ def plot_calibration(path: Path, calibrations: list[dict[str, Any]]) -> Path:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 4))
+    top = 1.05  # a critic may overshoot 1 (values are not clipped): the axis shows it
     for cal in calibrations:
         success_drawn = False
         for label, p in cal["critics"].items():
@@ -152,9 +153,11 @@ def plot_calibration(path: Path, calibrations: list[dict[str, Any]]) -> Path:
                 ys = [p["by_level"][k]["success"] for k in levels]
                 ax.plot(xs, ys, "k--o", label=f"success ({Path(cal['episodes_from']).name})")
                 success_drawn = True
-            ax.plot(xs, [p["by_level"][k]["mean_value"] for k in levels], marker="s", label=f"V0: {label}")
+            values = [p["by_level"][k]["mean_value"] for k in levels]
+            top = max([top, *(v + 0.05 for v in values)])
+            ax.plot(xs, values, marker="s", label=f"V0: {label} ({Path(cal['episodes_from']).name})")
             ax.set_xticks(xs, [f"level {k}" for k in levels])
-    ax.set_ylim(-0.05, 1.05)
+    ax.set_ylim(-0.05, top)
     ax.set_ylabel("success / critic value at the first action")
     ax.set_title("critic calibration on held-out eval episodes")
     ax.legend(fontsize=7)
