@@ -214,17 +214,12 @@ def arm_result(name: str, summary: dict[str, Any], sft_eval: dict[str, Any], run
 def by_level_differences(before: dict[str, Any], after: dict[str, Any]) -> dict[str, dict[str, float]]:
     """Per difficulty level (the evals' ``level_by_task``): success before and after and the paired difference with
     its SE over that level's tasks; empty for tasks without levels."""
-    from sao.eval.scores import paired_difference
-
-    levels = after.get("level_by_task") or {}
-    out: dict[str, dict[str, float]] = {}
-    for lv in sorted({int(v) for v in levels.values()}):
-        ids = {k for k, v in levels.items() if int(v) == lv}
-        b = {k: v for k, v in before["solved_by_task"].items() if k in ids}
-        a = {k: v for k, v in after["solved_by_task"].items() if k in ids}
-        d, se, n = paired_difference(b, a)
-        out[str(lv)] = {"tasks": n, "success_sft": sum(b.values()) / max(len(b), 1),
-                        "success_rl": sum(a.values()) / max(len(a), 1), "diff": d, "se": se}  # fmt: skip
+    b_all, a_all = before["solved_by_task"], after["solved_by_task"]
+    out = _pooled_by_level([(b_all, a_all)], after.get("level_by_task") or {})
+    for lv, g in out.items():
+        ids = [k for k, v in (after.get("level_by_task") or {}).items() if str(int(v)) == lv]
+        g["success_sft"] = sum(b_all.get(k, 0) for k in ids if k in b_all) / max(sum(k in b_all for k in ids), 1)
+        g["success_rl"] = sum(a_all.get(k, 0) for k in ids if k in a_all) / max(sum(k in a_all for k in ids), 1)
     return out
 
 
