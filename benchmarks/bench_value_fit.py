@@ -7,7 +7,9 @@ code) on the same fit/held-out split of the rollouts (whole tasks held out), so 
 ``rollouts`` may name several files (e.g. a run's value-pretraining rollouts and its RL trajectories): they are
 pooled before the split. ``sizes`` fits on the first N of the fit side (shuffled once by the run's seed, so a
 smaller fit set is part of every larger one) against the same held-out tasks: whether more rollouts would warm the
-critic, measured rather than guessed.
+critic, measured rather than guessed. ``held_out`` names a separate file of held-out trajectories instead (e.g. the
+eval after SFT: the same policy on tasks the fit never saw, more episodes than a quarter of the fit's own); every
+rollout is then on the fit side, and a task on both sides is an error.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sao.agent.records import Trajectory
 from sao.core.config import ConfigError
 from sao.core.jsonl import write_json_atomic
 from sao.trainer.config import load_config
@@ -40,6 +43,8 @@ class ValueFitConfig:
     """Fit-set sizes to compare (trajectories; empty: all of the fit side)."""
     lams: tuple[float, ...] = (1.0,)
     """Lambdas of the fit's targets (1: Monte-Carlo returns; below 1: TD(lambda) on the critic's own values)."""
+    held_out: str = ""
+    """Held-out trajectories from their own file(s) (``a,b``) instead of a ``holdout`` share of ``rollouts``."""
 
 
 def _sizes(vc: ValueFitConfig, n_fit: int) -> list[int]:
@@ -52,10 +57,31 @@ def _sizes(vc: ValueFitConfig, n_fit: int) -> list[int]:
     return list(vc.sizes) or [n_fit]
 
 
+def _read(paths: str) -> list[Trajectory]:
+    return [t for path in paths.split(",") if path.strip() for t in read_rollouts(path.strip())]
+
+
+def fit_and_held_out(vc: ValueFitConfig, seed: int) -> tuple[list[Trajectory], list[Trajectory]]:
+    """The fit side and the held-out side: a ``holdout`` share of the rollouts' tasks, or ``held_out``'s file."""
+    trajs = _read(vc.rollouts)
+    if not vc.held_out:
+        return split_by_task(trajs, vc.holdout, seed)
+    held = _read(vc.held_out)
+    shared = {t.task_id for t in trajs} & {t.task_id for t in held}
+    if shared:
+        raise ConfigError(
+            f"--held-out {vc.held_out}: {len(shared)} of its tasks are in --rollouts too (e.g. "
+            f"{sorted(shared)[0]!r}); held-out tasks must be ones the fit never saw (e.g. the eval after SFT, "
+            "whose tasks are drawn apart from training's)"
+        )
+    if not held:
+        raise ConfigError(f"--held-out {vc.held_out}: no trajectory with actions in it")
+    return trajs, held
+
+
 def run(vc: ValueFitConfig, echo: Any = print) -> dict[str, Any]:
     cfg = load_config(vc.config, list(vc.overrides))
-    trajs = [t for path in vc.rollouts.split(",") if path.strip() for t in read_rollouts(path.strip())]
-    fit, held = split_by_task(trajs, vc.holdout, cfg.run.seed)
+    fit, held = fit_and_held_out(vc, cfg.run.seed)
     random.Random(cfg.run.seed).shuffle(fit)
     lrs = vc.lrs or ((cfg.pretrain_value.lr or cfg.critic.lr),)
     rows: list[dict[str, Any]] = []
@@ -74,7 +100,8 @@ def run(vc: ValueFitConfig, echo: Any = print) -> dict[str, Any]:
             f"grad norm {res['curve'][-1]['grad_norm']:.2f}"
         )
     doc = {
-        "config": vc.config, "rollouts": vc.rollouts, "fit": len(fit), "held_out": len(held), "epochs": vc.epochs,
+        "config": vc.config, "rollouts": vc.rollouts, "held_out_file": vc.held_out or None,
+        "fit": len(fit), "held_out": len(held), "epochs": vc.epochs,
         "held_out_tasks": len({t.task_id for t in held}), "load_avg_start": load0, "load_avg_end": os.getloadavg()[0],
         "rows": rows,
     }  # fmt: skip

@@ -89,6 +89,9 @@ def value_fit(
     lrs: str = typer.Option("", help="comma-separated critic learning rates (default: the config's)"),
     epochs: int = typer.Option(4, help="passes over the fit rollouts"),
     holdout: float = typer.Option(0.25, help="share of tasks held out"),
+    held_out: str = typer.Option(
+        "", help="held-out trajectories from their own file(s), not --holdout: RUN_DIR/02_eval/trajectories.jsonl"
+    ),
     sizes: str = typer.Option("", help="comma-separated fit-set sizes in trajectories (default: the whole fit side)"),
     lams: str = typer.Option("1", help="comma-separated target lambdas (1: Monte-Carlo returns; < 1: TD(lambda))"),
     override: list[str] = typer.Option(
@@ -102,7 +105,7 @@ def value_fit(
     run(
         ValueFitConfig(
             config=config, rollouts=rollouts, out=Path(out), clips=tuple(float(x) for x in _csv(clips)),
-            lrs=tuple(float(x) for x in _csv(lrs)), epochs=epochs, holdout=holdout,
+            lrs=tuple(float(x) for x in _csv(lrs)), epochs=epochs, holdout=holdout, held_out=held_out,
             sizes=tuple(int(x) for x in _csv(sizes)), lams=tuple(float(x) for x in _csv(lams)),
             overrides=tuple(override),
         ),

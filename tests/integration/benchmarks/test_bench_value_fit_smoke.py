@@ -65,3 +65,28 @@ def test_value_fit_bench_pools_rollout_files_and_compares_fit_set_sizes(
     assert rows[0]["held_out_ev_after"] != rows[1]["held_out_ev_after"]  # another lambda, another fit
     with pytest.raises(ConfigError, match="--sizes 99"):
         run(ValueFitConfig(str(cfg), pooled, tmp_path / "out2", clips=(10.0,), sizes=(99,)), echo=print)
+
+
+def test_value_fit_held_out_file_keeps_every_rollout_on_the_fit_side_and_refuses_shared_tasks(tmp_path: Path) -> None:
+    from sao.benchmarks.bench_value_fit import ValueFitConfig, fit_and_held_out
+    from sao.core.config import ConfigError
+
+    trajs = _marked_trajectories(24)
+    tasks = sorted({t.task_id for t in trajs})
+    held_ids = set(tasks[: len(tasks) // 3])
+    write_jsonl(tmp_path / "fit.jsonl", [t for t in trajs if t.task_id not in held_ids])
+    write_jsonl(tmp_path / "eval.jsonl", [t for t in trajs if t.task_id in held_ids])
+    fit_file = str(tmp_path / "fit.jsonl")
+    vc = ValueFitConfig("unused.yaml", fit_file, tmp_path / "out", held_out=str(tmp_path / "eval.jsonl"))
+    fit, held = fit_and_held_out(vc, seed=0)
+    assert len(fit) + len(held) == 24 and {t.task_id for t in held} == held_ids
+    assert not {t.task_id for t in fit} & held_ids
+    # without the file the split holds out a share of the rollouts themselves
+    fit2, held2 = fit_and_held_out(ValueFitConfig("unused.yaml", fit_file, tmp_path / "o"), seed=0)
+    assert len(fit2) + len(held2) == len(fit) and held2
+    # a held-out task the fit also holds is refused, with the task named
+    leak = [t for t in trajs if t.task_id not in held_ids][:1]
+    write_jsonl(tmp_path / "both.jsonl", leak)
+    bad = ValueFitConfig("unused.yaml", fit_file, tmp_path / "o", held_out=str(tmp_path / "both.jsonl"))
+    with pytest.raises(ConfigError, match=f"1 of its tasks are in --rollouts too \\(e.g. '{leak[0].task_id}'\\)"):
+        fit_and_held_out(bad, seed=0)
