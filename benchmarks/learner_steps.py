@@ -4,8 +4,9 @@ Each algorithm (``trainer.algorithm``: e.g. ``sao`` and ``running_mean``) runs i
 learner settings (``configs/quickstart.yaml``: SmolLM2, 8 trajectories a step, micro batches of 4, K = 2 critic
 steps on a frozen-attention critic) and trains ``steps`` steps of ``Learner.train_step`` on synthetic trajectories
 shaped like the main job's (a ~160-token prompt, 3 turns of up to 48 action tokens with ~30-token tool outputs
-between them; random token ids, rollout logprobs from the actor itself, rewards 0/1). No rollouts, engine or sandbox:
-the learner's own cost, measured where its differences live. After each step the heap is trimmed as `sao train`
+between them; random token ids, rollout logprobs from the actor itself, rewards 0/1), or (``trajectories``) on a run's
+own trajectories in their order (e.g. the levels job's RL ledger, whose rows are longer). No rollouts, engine or
+sandbox: the learner's own cost, measured where its differences live. After each step the heap is trimmed as `sao train`
 trims it (``trim=False`` shows what the trim holds back).
 
 Per step: wall and CPU seconds (the process's; with ``threads=1`` one core's worth, which load on a shared machine
@@ -54,6 +55,9 @@ class LearnerBenchConfig:
     overrides: tuple[str, ...] = field(default=())
     seed: int = 0
     timeout_s: float = 3600.0
+    trajectories: str = ""
+    """A run's trajectories (``RUN_DIR/NN_train/trajectories.jsonl``) to train on, ``batch`` at a time in their
+    order, instead of synthetic ones (there must be ``steps * batch`` of them)."""
 
 
 def _trajectories(model: Any, n: int, rng: random.Random) -> list[Any]:
@@ -87,6 +91,22 @@ def _trajectories(model: Any, n: int, rng: random.Random) -> list[Any]:
             pos += k
         out.append(Trajectory(f"bench-{i}", "bench", tuple(segs), reward, info={"solved": bool(reward)}))
     return out
+
+
+def _batches(cfg: LearnerBenchConfig, actor: Any, batch: int, rng: random.Random) -> list[list[Any]]:
+    """``cfg.steps`` batches of ``batch``: the file's trajectories in order, or synthetic ones."""
+    if not cfg.trajectories:
+        return [_trajectories(actor, batch, rng) for _ in range(cfg.steps)]
+    from sao.trainer.learn.value_pretrain import read_rollouts
+
+    trajs = read_rollouts(cfg.trajectories)
+    need = cfg.steps * batch
+    if len(trajs) < need:
+        raise ValueError(
+            f"--trajectories {cfg.trajectories}: {len(trajs)} trajectories with actions, {cfg.steps} steps of "
+            f"{batch} need {need}; pass fewer --steps or a longer ledger"
+        )
+    return [trajs[i * batch : (i + 1) * batch] for i in range(cfg.steps)]
 
 
 def _phase_cpu(learner_cls: Any, acc: dict[str, float]) -> None:
@@ -137,7 +157,7 @@ def _child(cfg: LearnerBenchConfig, algorithm: str) -> dict[str, Any]:
     learner, actor = _learner(cfg, algorithm)
     batch = learner.cfg.trainer.batch_size
     rng = random.Random(cfg.seed)
-    batches = [_trajectories(actor, batch, rng) for _ in range(cfg.steps)]  # the same batches for every algorithm
+    batches = _batches(cfg, actor, batch, rng)  # the same batches for every algorithm
     acc: dict[str, float] = {}
     _phase_cpu(Learner, acc)
     memory.trim_heap()

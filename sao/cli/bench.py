@@ -130,6 +130,9 @@ def memory(
     steps: int = typer.Option(4, help="--mode learner: learner steps per algorithm (the first is set-up)"),
     config: str = typer.Option("configs/quickstart.yaml", help="--mode learner: the learner settings"),
     trim: bool = typer.Option(True, help="--mode learner: trim the heap after each step, as `sao train` does"),
+    trajectories: str = typer.Option(
+        "", help="--mode learner: train on a run's trajectories (RUN_DIR/NN_train/trajectories.jsonl), not synthetic"
+    ),
     override: list[str] = typer.Option([], "--set", help="--mode learner: key=value on the config (repeatable)"),
 ) -> None:
     """Peak memory of one actor step (full-vocabulary vs chunked logprobs), or (``--mode learner``) the learner's
@@ -143,7 +146,7 @@ def memory(
             raise typer.BadParameter("--algorithms must name at least one algorithm, e.g. sao,running_mean")
         lc = LearnerBenchConfig(
             out=Path(out), config=config, model=model, algorithms=algos, baseline=algos[-1], steps=steps,
-            layers=layers, threads=threads or 1, trim=trim, overrides=tuple(override),
+            layers=layers, threads=threads or 1, trim=trim, overrides=tuple(override), trajectories=trajectories,
         )  # fmt: skip
         with _usage_errors():
             run_learner(lc, echo=typer.echo)

@@ -33,3 +33,20 @@ def test_bench_memory_learner_mode_smoke(tmp_path: Path, smollm2_dir: Path) -> N
     assert rm["summary"]["cpu_critic_s"] == 0 and rm["summary"]["cpu_values_s"] < 0.1 * sao["summary"]["cpu_values_s"]
     assert sao["summary"]["cpu_ratio_to_baseline"] > 1.0 and rm["summary"]["cpu_ratio_to_baseline"] == 1.0
     assert "sao / running_mean" in res.stdout
+
+
+def test_learner_bench_trains_on_a_ledger_in_order_and_names_a_short_one(tmp_path: Path) -> None:
+    import random
+
+    from sao.agent.records import write_jsonl
+    from sao.benchmarks.learner_steps import LearnerBenchConfig, _batches
+    from tests.integration.trainer.test_value_pretrain import _marked_trajectories
+
+    ledger = tmp_path / "trajectories.jsonl"
+    trajs = _marked_trajectories(10)
+    write_jsonl(ledger, trajs)
+    cfg = LearnerBenchConfig(out=tmp_path, steps=2, trajectories=str(ledger))
+    batches = _batches(cfg, None, 4, random.Random(0))
+    assert batches == [trajs[:4], trajs[4:8]]  # the ledger's first eight, in its order
+    with pytest.raises(ValueError, match="10 trajectories with actions, 3 steps of 4 need 12"):
+        _batches(LearnerBenchConfig(out=tmp_path, steps=3, trajectories=str(ledger)), None, 4, random.Random(0))
