@@ -111,23 +111,26 @@ def calibrate(cfg: Config, critics: dict[str, str], eval_dir: Path) -> dict[str,
 
 
 def calibration_table(calibrations: list[dict[str, Any]]) -> str:
-    """One Markdown row per critic probed: per level the mean first-action value against the success, then the
-    per-token and first-action explained variance. Empty without calibrations."""
-    rows = [(label, p) for cal in calibrations for label, p in cal["critics"].items()]
+    """One Markdown row per critic probed: which eval's episodes it read (the stage folder: one critic is often
+    probed on the eval after SFT and again on the eval after RL), per level the mean first-action value against the
+    success, then the per-token and first-action explained variance. Empty without calibrations."""
+    rows = [(label, Path(cal["episodes_from"]).name, p) for cal in calibrations for label, p in cal["critics"].items()]
     if not rows:
         return ""
-    levels = sorted({k for _, p in rows for k in p["by_level"] if k != "overall"})
+    levels = sorted({k for _, _, p in rows for k in p["by_level"] if k != "overall"})
     lines = [
-        "| critic | " + " | ".join(f"level {k}: V0 / success" for k in levels) + " | EV (tokens) | EV (first action) |",
-        "|---|" + "---|" * (len(levels) + 2),
+        "| critic | episodes of | "
+        + " | ".join(f"level {k}: V0 / success" for k in levels)
+        + " | EV (tokens) | EV (first action) |",
+        "|---|---|" + "---|" * (len(levels) + 2),
     ]
-    for label, p in rows:
+    for label, stage, p in rows:
         cells = []
         for k in levels:
             g = p["by_level"].get(k)
             cells.append(f"{g['mean_value']:.2f} / {g['success']:.2f} (n={g['episodes']})" if g else "-")
         ev0 = p["by_level"]["overall"]["first_action_ev"]
-        lines.append(f"| {label} | " + " | ".join(cells) + f" | {_f(p['explained_variance'])} | {_f(ev0)} |")
+        lines.append(f"| {label} | {stage} | " + " | ".join(cells) + f" | {_f(p['explained_variance'])} | {_f(ev0)} |")
     return "\n".join(lines)
 
 

@@ -84,7 +84,8 @@ def test_a_tiny_critic_probed_on_an_eval_stages_episodes(tmp_path: Path) -> None
     assert probe["by_level"]["1"]["episodes"] == 3 and probe["by_level"]["2"]["success"] == 1 / 3
     assert math.isfinite(probe["explained_variance"]) and math.isfinite(probe["by_level"]["overall"]["first_action_ev"])
     table = calibration_table([cal])
-    assert table.splitlines()[0].startswith("| critic | level 1: V0 / success | level 2: V0 / success | EV (tokens)")
-    assert table.splitlines()[2].startswith("| before | ")
+    head = "| critic | episodes of | level 1: V0 / success | level 2: V0 / success | EV (tokens)"
+    assert table.splitlines()[0].startswith(head)
+    assert table.splitlines()[2].startswith("| before | 02_eval | ")
     assert calibration_table([]) == ""
     assert plot_calibration(tmp_path / "plots" / "c.png", [cal]).stat().st_size > 0
