@@ -147,7 +147,7 @@ def _chat_example(where: str, rec: dict[str, Any], chat: ChatRenderer) -> Exampl
 def load_examples(
     sources: list[str], tokenizer: Any, *, min_reward: float | None = None, max_len: int | None = None
 ) -> tuple[list[Example], LoadStats]:
-    """Every usable example of ``sources`` (record kinds and filters in the module doc)."""
+    """Every usable example of ``sources`` (record kinds and filters in the module doc), in content order."""
     chat = ChatRenderer(tokenizer)
     stats = LoadStats()
     out: list[Example] = []
@@ -176,6 +176,9 @@ def load_examples(
                 stats.too_long += 1
                 continue
             out.append(ex)
+    # A file's order is not part of the data (a concurrent collect writes its episodes as they finish, in an order
+    # that differs from run to run): in content order, the same examples and run.seed make the same SFT batches.
+    out.sort(key=lambda e: (e.input_ids, e.loss_mask))
     stats.kept = len(out)
     if not out:
         raise SFTDataError(

@@ -262,11 +262,13 @@ def test_levels_comparison_has_the_four_arms_from_one_sft_checkpoint_and_probes_
     monkeypatch.chdir(ROOT)
     cc = ConfirmConfig(out=tmp_path / "c", config=ROOT / "configs" / "bench" / "confirm_levels.yaml")
     shared, arms = build_configs(cc)
-    assert list(arms) == ["sao", "running_mean", "grpo", "grpo_dis"]
+    assert list(arms) == ["sao", "running_mean", "grpo", "grpo_dis", "sao_lambda"]
     assert shared["env"]["tasks"].startswith("arithmetic_chain")
     for name, cfg in arms.items():
-        assert cfg["trainer"]["algorithm"] == name
-        assert cfg["eval"]["critic_probe"] is (name == "sao")
+        assert cfg["trainer"]["algorithm"] == name.removesuffix("_lambda")
+        assert cfg["eval"]["critic_probe"] is name.startswith("sao")
+        # only the sao_lambda arm credits turns by the critic's values (lambda < 1); the rest keep the job's 1
+        assert cfg["trainer"].get("length_adaptive_lambda", False) is (name == "sao_lambda")
         assert cfg["run"]["total_steps"] * cfg["trainer"]["batch_size"] == 64
         assert {k: v for k, v in cfg["eval"].items() if k != "critic_probe"} == {
             k: v for k, v in shared["eval"].items() if k != "critic_probe"

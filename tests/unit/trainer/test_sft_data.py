@@ -94,6 +94,24 @@ def test_trajectories_are_filtered_by_reward_and_keep_their_own_ids(tmp_path: Pa
     assert len(ex_all) == 3
 
 
+def test_examples_come_in_content_order_whatever_the_file_order(tmp_path: Path, tok: Any) -> None:
+    """The same demonstrations written in another order (a concurrent collect finishes its episodes in a different
+    order every run) give the same examples in the same order, so the seeded SFT batches are the same."""
+    from sao.trainer.sft.data import load_examples
+
+    recs = [_traj(tok, 1.0)]
+    for answer in ("7", "12", "5"):
+        other = Trajectory.from_dict(_traj(tok, 1.0)).to_dict()
+        act = tok.encode(f"\\boxed{{{answer}}}<|im_end|>", add_special_tokens=False)
+        other["segments"][1] = {**other["segments"][1], "token_ids": act, "logprobs": [-0.1] * len(act)}
+        recs.append(other)
+    a, _ = load_examples([str(_write(tmp_path / "a.jsonl", recs))], tok)
+    b, _ = load_examples([str(_write(tmp_path / "b.jsonl", recs[::-1]))], tok)
+    assert len({e.input_ids for e in a}) == 4
+    assert [e.input_ids for e in a] == [e.input_ids for e in b]
+    assert [e.input_ids for e in a] == sorted(e.input_ids for e in a)
+
+
 @pytest.mark.parametrize(
     ("record", "needle"),
     [
