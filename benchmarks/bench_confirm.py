@@ -443,7 +443,7 @@ def _pool_inputs(outs: list[Path]) -> list[dict[str, Any]]:
 def pool_seeds(outs: list[Path], echo: Callable[[str], None] = print) -> dict[str, Any]:
     """Several `sao bench confirm` runs (one seed each) pooled: per arm its paired RL - SFT difference seed by seed
     and over the seeds (``pooled_paired_difference``: per task the mean over seeds, SE over tasks), and the first
-    arm minus each other arm the same way. Only arms every run has are pooled."""
+    arm minus each later arm the same way (every pair). Only arms every run has are pooled."""
     from sao.eval.scores import pooled_paired_difference
 
     docs = _pool_inputs(outs)
@@ -468,13 +468,18 @@ def pool_seeds(outs: list[Path], echo: Callable[[str], None] = print) -> dict[st
             "success_rl_mean": sum(r["success_rl"] for r in rows[n]) / len(outs),
         })  # fmt: skip
     between = []
-    for n in names[1:]:
-        pairs = [(b["solved_by_task_rl"], a["solved_by_task_rl"]) for a, b in zip(rows[names[0]], rows[n], strict=True)]
-        mean, se, k = pooled_paired_difference(pairs)
-        diffs = [sum(a[t] - b[t] for t in b) / max(len(b), 1) for b, a in pairs]
-        between.append({"first": names[0], "other": n, "pooled_diff": mean, "pooled_se": se, "tasks": k,
-                        "between_seed_se": _between_seed_se(diffs),
-                        "by_level": _pooled_by_level(pairs, rows[n][0].get("level_by_task") or {})})  # fmt: skip
+    # every pair, the earlier arm minus the later one: "SAO - GRPO" alone cannot say whether the critic or the single
+    # rollout made a lead, the running mean - GRPO beside it can
+    for i, first in enumerate(names):
+        for n in names[i + 1 :]:
+            pairs = [
+                (b["solved_by_task_rl"], a["solved_by_task_rl"]) for a, b in zip(rows[first], rows[n], strict=True)
+            ]
+            mean, se, k = pooled_paired_difference(pairs)
+            diffs = [sum(a[t] - b[t] for t in b) / max(len(b), 1) for b, a in pairs]
+            between.append({"first": first, "other": n, "pooled_diff": mean, "pooled_se": se, "tasks": k,
+                            "between_seed_se": _between_seed_se(diffs),
+                            "by_level": _pooled_by_level(pairs, rows[n][0].get("level_by_task") or {})})  # fmt: skip
     headers = ["arm", "RL - SFT seed by seed (paired)", "pooled over seeds (SE over tasks)", "SE between seeds",
                "success after RL (mean)"]  # fmt: skip
     table = []

@@ -193,6 +193,7 @@ def test_confirm_pool_pools_each_arm_over_seeds_by_task_and_names_bad_input(tmp_
     lines: list[str] = []
     pooled = run_pool([tmp_path / "s0", tmp_path / "s1"], tmp_path / "pool", echo=lines.append)
     assert [a["arm"] for a in pooled["arms"]] == ["sao", "grpo"]  # running_mean is not in every run
+    assert [(b["first"], b["other"]) for b in pooled["between_arms"]] == [("sao", "grpo")]
     sao, grpo = pooled["arms"]
     assert [s["diff"] for s in sao["seeds"]] == pytest.approx([0.5, 0.0])
     assert sao["pooled_diff"] == pytest.approx(0.25) and sao["tasks"] == 4
@@ -203,6 +204,19 @@ def test_confirm_pool_pools_each_arm_over_seeds_by_task_and_names_bad_input(tmp_
     assert json.loads((tmp_path / "pool" / "pool.json").read_text())["arms"][0]["arm"] == "sao"
     assert (tmp_path / "pool" / "pool.png").stat().st_size > 0
     assert any(line.startswith("sao - grpo after RL, pooled over 2 seeds: +0.125") for line in lines)
+
+    # three arms in every run: every pair, each earlier arm minus each later one
+    _confirm_json(tmp_path / "t0", {"sao": (sft, {"a": 1, "b": 1, "c": 1, "d": 0}), "running_mean": (sft, sft),
+                                    "grpo": (sft, {"a": 0, "b": 0, "c": 0, "d": 0})})  # fmt: skip
+    _confirm_json(tmp_path / "t1", {"sao": (sft, sft), "running_mean": (sft, {"a": 1, "b": 0, "c": 1, "d": 0}),
+                                    "grpo": (sft, sft)})  # fmt: skip
+    three = run_pool([tmp_path / "t0", tmp_path / "t1"], tmp_path / "pool3", echo=lambda _: None)
+    got = {(b["first"], b["other"]): b["pooled_diff"] for b in three["between_arms"]}
+    # per task, the mean over the 2 seeds, then over the 4 tasks: sao - rm a (1 - 1)/2, b (1 + 0)/2 -> 0.5 / 4;
+    # sao - grpo a, b, c (1 + 0)/2 -> 1.5 / 4; rm - grpo c (1 + 0)/2, a (0 + 1)/2 -> 1 / 4
+    assert got == pytest.approx(
+        {("sao", "running_mean"): 0.125, ("sao", "grpo"): 0.375, ("running_mean", "grpo"): 0.25}
+    )
 
     with pytest.raises(ValueError, match="2 or more"):
         run_pool([tmp_path / "s0"], tmp_path / "pool")
