@@ -157,3 +157,59 @@ def test_rl_dynamics_averages_the_steps_and_says_which_way_the_turn_advantages_p
     assert d["dis_masked_frac"] == pytest.approx(0.2) and d["batch_success_mean"] == 0.25
     # a step with no solved episode has no solved-turn share: the mean is over the steps that had one
     assert d["adv_pos_turns_solved"] == 0.25 and d["adv_neg_turns_failed"] == 0.75
+
+
+def test_exported_policies_are_the_train_stages_exports_before_its_last_step_in_step_order(tmp_path: Path) -> None:
+    import json
+
+    from sao.trainer.runs.stages import exported_policies
+
+    train = tmp_path / "04_train"
+    for step in (16, 8, 12):  # export_every 4 from step 8 on; the last step's export is the final model
+        (train / "policies" / f"step_{step:04d}").mkdir(parents=True)
+    (train / "done.json").write_text(json.dumps({"steps": 16}))
+    assert [(p.name, s) for p, s in exported_policies(train)] == [("step_0008", 8), ("step_0012", 12)]
+    assert exported_policies(tmp_path / "05_train") == []  # a stage that exported nothing
+
+
+def test_heldout_curve_runs_from_the_eval_before_the_train_stage_through_each_export_to_the_final_model() -> None:
+    from sao.trainer.runs.stages import heldout_curve
+
+    sft = {"label": "after SFT", "success": 0.25, "episodes": 64}
+    step8 = {"label": "after RL step 8", "policy_step": 8, "success": 0.5, "episodes": 64}
+    final = {"label": "after RL", "success": 0.75, "episodes": 64}
+    curve = heldout_curve([sft, step8, final], 16)
+    assert [(s, y) for s, y, _ in curve] == [(0, 0.25), (8, 0.5), (16, 0.75)]
+    assert curve[1][2] == pytest.approx((0.5 * 0.5 / 64) ** 0.5)
+    assert heldout_curve([sft, final], 16) == []  # no exported policy evaluated: no curve
+
+
+def test_config_refuses_exported_policy_evals_without_exports() -> None:
+    from sao.trainer.config import ConfigError, config_from_dict
+
+    with pytest.raises(ConfigError, match=r"run\.export_every"):
+        config_from_dict({}, ["eval.exported_policies=true"])
+    assert config_from_dict({}, ["eval.exported_policies=true", "run.export_every=8"]).eval.exported_policies
+
+
+def test_the_summary_pairs_each_later_eval_with_the_first(tmp_path: Path) -> None:
+    from sao.trainer.config import config_from_dict
+    from sao.trainer.runs.stages import _report
+
+    def ev(label: str, solved: list[int], **extra: Any) -> dict[str, Any]:
+        by_task = {f"t{i}": s for i, s in enumerate(solved)}
+        return {"label": label, "solved_by_task": by_task, "success": sum(solved) / 4, "episodes": 4,
+                "valid_tool_call_rate": 1.0, "mean_turns": 2.0, **extra}  # fmt: skip
+
+    results = [ev("after SFT", [0, 0, 0, 1]), ev("after RL step 8", [1, 0, 0, 1], policy_step=8),
+               ev("after RL", [1, 1, 0, 1])]  # fmt: skip
+    (tmp_path / "04_train").mkdir()
+    (tmp_path / "04_train" / "metrics.jsonl").write_text(
+        "".join(f'{{"step": {i}, "success_rate": 0.5}}\n' for i in range(1, 17))
+    )
+    _report(tmp_path, config_from_dict({}, ["run.plot=true"]), results, [], 60.0)
+    assert (tmp_path / "plots" / "stages.png").stat().st_size > 0  # with the held-out curve beside the batches'
+    text = (tmp_path / "summary.md").read_text()
+    assert "success after RL step 8 - after SFT: +0.250 ± 0.250" in text
+    assert "success after RL - after SFT: +0.500 ± 0.289" in text
+    assert "| after RL step 8 |" in text
