@@ -208,26 +208,7 @@ def arm_result(name: str, summary: dict[str, Any], sft_eval: dict[str, Any], run
         "level_by_task": dict(after.get("level_by_task") or {}),
         "by_level": by_level_differences(sft_eval, after),
         "critic_calibration": after.get("critic_calibration"),
-        # the policies the RL stage exported, evaluated on the same tasks (eval.exported_policies), paired with SFT
-        "by_policy_step": policy_step_differences(sft_eval, summary["evals"], train.get("steps")),
     }
-
-
-def policy_step_differences(
-    sft_eval: dict[str, Any], evals: list[dict[str, Any]], last_step: int | None
-) -> list[dict[str, Any]]:
-    """Held-out success and the paired difference with SFT at each policy the RL stage exported (the evals with a
-    ``policy_step``, ``eval.exported_policies``) and at its last step (the final eval); empty without exports."""
-    from sao.eval.scores import paired_difference
-
-    points = [(int(e["policy_step"]), e) for e in evals[:-1] if e.get("policy_step") is not None]
-    if not points:
-        return []
-    out = []
-    for step, e in [*points, (int(last_step or 0), evals[-1])]:
-        d, se, _ = paired_difference(sft_eval["solved_by_task"], e["solved_by_task"])
-        out.append({"step": step, "success": e["success"], "paired_diff": d, "paired_diff_se": se})
-    return out
 
 
 def by_level_differences(before: dict[str, Any], after: dict[str, Any]) -> dict[str, dict[str, float]]:
@@ -293,15 +274,10 @@ def between_arms(results: list[dict[str, Any]], summaries: dict[str, dict[str, A
 
 
 def level_lines(results: list[dict[str, Any]]) -> list[str]:
-    """Per arm, the paired RL - SFT difference at each exported policy (``eval.exported_policies``) and level by
-    level, and the critic's first-action value against the success per level where the arm's eval probed its critic
-    (``eval.critic_probe``)."""
+    """Per arm, the paired RL - SFT difference level by level, and the critic's first-action value against the
+    success per level where the arm's eval probed its critic (``eval.critic_probe``)."""
     lines = []
     for r in results:
-        if r.get("by_policy_step"):
-            per = ", ".join(f"step {g['step']} {g['paired_diff']:+.3f} ± {g['paired_diff_se']:.3f}"
-                            for g in r["by_policy_step"])  # fmt: skip
-            lines.append(f"{r['arm']} RL - SFT by policy step: {per}")
         if r.get("by_level"):
             per = ", ".join(f"L{lv} {g['success_sft']:.2f} -> {g['success_rl']:.2f} ({g['diff']:+.2f} ± {g['se']:.2f})"
                             for lv, g in r["by_level"].items())  # fmt: skip

@@ -327,22 +327,3 @@ def test_level_differences_pair_tasks_within_each_level_and_pool_over_seeds(tmp_
     # level 1: a 0, b (1 + 0) / 2 -> 0.25; level 2: c (0 + 1) / 2, d 1 -> 0.75
     assert sao["by_level"]["1"]["diff"] == pytest.approx(0.25) and sao["by_level"]["2"]["diff"] == pytest.approx(0.75)
     assert sao["between_seed_se"] == pytest.approx(0.0)  # both seeds +0.5
-
-
-def test_an_arm_with_evaluated_exports_reports_rl_minus_sft_at_each_policy_step(tmp_path: Path) -> None:
-    import json
-
-    from sao.benchmarks.bench_confirm import level_lines
-
-    sft = _summary({"a": 0, "b": 0, "c": 1, "d": 0})["evals"][0]  # type: ignore[index]
-    arm = _summary({"a": 1, "b": 1, "c": 1, "d": 0}, steps=16)
-    step8 = {**_summary({"a": 1, "b": 0, "c": 1, "d": 0})["evals"][0], "policy_step": 8}  # type: ignore[index]
-    arm["evals"] = [step8, *arm["evals"]]  # type: ignore[misc]
-    (tmp_path / "sao" / "00_train").mkdir(parents=True)
-    (tmp_path / "sao" / "00_train" / "metrics.jsonl").write_text(json.dumps({"step": 1}) + "\n")
-    row = arm_result("sao", arm, sft, tmp_path / "sao")
-    assert [(g["step"], g["paired_diff"]) for g in row["by_policy_step"]] == [(8, 0.25), (16, 0.5)]
-    assert row["paired_diff"] == 0.5  # the arm's result is still its final eval
-    assert level_lines([row])[0] == "sao RL - SFT by policy step: step 8 +0.250 ± 0.250, step 16 +0.500 ± 0.289"
-    plain = arm_result("grpo", _summary({"a": 1, "b": 1, "c": 1, "d": 0}), sft, tmp_path / "sao")
-    assert plain["by_policy_step"] == []  # no export evaluated: nothing claimed per step
