@@ -348,11 +348,6 @@ class EvalConfig:
     difficulty level its mean value at the first action token against the success, and its held-out explained
     variance; in the summary and ``plots/critic_calibration.png``. Costs a critic load and a forward over the eval
     episodes per critic."""
-    exported_policies: bool = False
-    """After a train stage that exported policies (``run.export_every``), evaluate each of them too, on the same
-    held-out tasks, before the final model: rows ``after RL step N`` in the summary (each paired against the first
-    eval) and a held-out learning curve beside the RL batches' in ``plots/stages.png``. Costs one eval per exported
-    policy; each is kept in ``NN_eval/step_NNNN`` and not re-run on ``--resume``."""
 
 
 CLUSTER_BACKENDS = ("local", "ray")
@@ -510,11 +505,6 @@ class Config:
             (self.run.save_every >= 1, "run.save_every must be >= 1"),
             (self.run.keep_checkpoints >= 1, "run.keep_checkpoints must be >= 1"),
             (self.run.export_every >= 0, "run.export_every must be >= 0 (0 = never)"),
-            (
-                not self.eval.exported_policies or self.run.export_every > 0,
-                "eval.exported_policies needs run.export_every > 0 (the train stage exports a policy every N steps; "
-                "e.g. run.export_every=8)",
-            ),
         ]
         checks += _engine_checks(self) + _harness_checks(self) + _cluster_checks(self) + _stage_checks(self)
         for ok, msg in checks:

@@ -12,8 +12,7 @@ model flows from stage to stage: ``sft`` and ``train`` start from the current mo
   for collected ones: only solved episodes);
 * ``eval``: the current model (on ``rollout.stage_engine``, else ``rollout.engine``: in this process, or a server
   started on the model's directory for the stage) on ``eval.n`` held-out tasks (success, valid tool-call rate,
-  mean turns), its env made with ``env.kwargs`` updated by ``eval.env_kwargs``; with ``eval.exported_policies``
-  first each policy the train stage before it exported (a held-out learning curve);
+  mean turns), its env made with ``env.kwargs`` updated by ``eval.env_kwargs``;
 * ``pretrain_value``: rollouts of the current policy, a value fit on them and its held-out explained variance;
   the next ``train`` stage starts its critic from it;
 * ``train``: SAO from the current model, through `sao train`'s entry point (``trainer.runs.run.train``, which runs the
@@ -155,31 +154,19 @@ def _stage_engine(cfg: Config, tokenizer: Any, model_dir: str, out: Path) -> Eng
 
 
 def eval_stage(cfg: Config, model_dir: str, out: Path) -> dict[str, Any]:
-    """The model on the held-out tasks; with ``eval.exported_policies``, first every policy the train stage before
-    exported (``res["exported"]``, one score dict each, labelled ``after RL step N``)."""
     from sao.trainer.learn.models import load_tokenizer
 
     tok = load_tokenizer(cfg)
+    t0 = time.perf_counter()
+    engine = _stage_engine(cfg, tok, model_dir, out)
     tasks = held_out_tasks(cfg)
+    trajs = asyncio.run(
+        _rollouts(cfg, engine, tok, tasks, out / "trajectories.jsonl", cfg.eval.concurrency,
+                  cfg.eval.temperature, cfg.eval.env_kwargs)
+    )  # fmt: skip
+    scores = episode_scores(trajs, tok, tasks)
+    scores["model"], scores["wall_s"] = model_dir, time.perf_counter() - t0
     rl = _stage_before(out, "train")
-    exported = []
-    if cfg.eval.exported_policies and rl is not None:
-        for policy_dir, step in exported_policies(rl):
-            sub = out / policy_dir.name
-            if (sub / DONE).exists():  # evaluated before a kill: kept, not re-run
-                exported.append(json.loads((sub / DONE).read_text()))
-                continue
-            sub.mkdir(parents=True, exist_ok=True)
-            stale = sub / "trajectories.jsonl"
-            if stale.exists():  # an eval cut by a kill: kept aside, not mixed into the new one
-                stale.replace(sub / f"trajectories.interrupted-{int(time.time())}.jsonl")
-            scores = _scores(cfg, tok, tasks, str(policy_dir), sub)
-            scores["label"], scores["policy_step"] = f"after RL step {step}", step
-            write_json_atomic(sub / DONE, scores)
-            exported.append(scores)
-    scores = _scores(cfg, tok, tasks, model_dir, out)
-    if exported:
-        scores["exported"] = exported
     if cfg.eval.critic_probe and rl is not None and (rl / "final" / "critic").is_dir():
         from sao.trainer.runs.critic_probe import calibrate
 
@@ -189,31 +176,6 @@ def eval_stage(cfg: Config, model_dir: str, out: Path) -> dict[str, Any]:
             critics = {"after value pretraining": str(fitted / "value_init"), **critics}
         scores["critic_calibration"] = calibrate(cfg, critics, out)
     return scores
-
-
-def _scores(cfg: Config, tok: Any, tasks: list[dict[str, Any]], model_dir: str, out: Path) -> dict[str, Any]:
-    t0 = time.perf_counter()
-    engine = _stage_engine(cfg, tok, model_dir, out)
-    trajs = asyncio.run(
-        _rollouts(cfg, engine, tok, tasks, out / "trajectories.jsonl", cfg.eval.concurrency,
-                  cfg.eval.temperature, cfg.eval.env_kwargs)
-    )  # fmt: skip
-    scores = episode_scores(trajs, tok, tasks)
-    scores["model"], scores["wall_s"] = model_dir, time.perf_counter() - t0
-    return scores
-
-
-def exported_policies(train_dir: Path) -> list[tuple[Path, int]]:
-    """The policies a train stage exported (``policies/step_NNNN``, ``run.export_every``) before its last step, in
-    step order: the last step's policy is the stage's final model, evaluated as such."""
-    done = train_dir / DONE
-    last = json.loads(done.read_text()).get("steps") if done.exists() else None
-    found = []
-    for p in (train_dir / "policies").glob("step_*"):
-        step = int(p.name.removeprefix("step_"))
-        if last is None or step < last:
-            found.append((p, step))
-    return sorted(found, key=lambda x: x[1])
 
 
 def _stage_before(out: Path, stage: str) -> Path | None:
@@ -434,8 +396,7 @@ def run_stages(cfg: Config, resume: str | None, train: TrainFn) -> Path:
             label = "after SFT" if stage == "sft" else "after RL"
         else:
             res.setdefault("label", label)
-            results += res.get("exported", [])
-            results.append({k: v for k, v in res.items() if k != "exported"})
+            results.append({**res, "label": res.get("label", label)})
         if rank0 and stage != "eval":
             shown = {k: v for k, v in res.items() if k not in ("stage", "curve", "critic_calibration")}
             say(f"   {stage}: " + ", ".join(f"{k} {_fmt(v)}" for k, v in shown.items()))
@@ -469,16 +430,12 @@ def _report(
     run_dir: Path, cfg: Config, results: list[dict[str, Any]], every: list[dict[str, Any]], wall_s: float
 ) -> None:
     table = score_table(results) if results else "(no eval stage)"
-    first = results[0] if results else {}
-    for later in results[1:]:  # each eval against the first (the exported policies' rows too)
-        if "solved_by_task" not in first or "solved_by_task" not in later:
-            continue
-        mean, se, n = paired_difference(first["solved_by_task"], later["solved_by_task"])
+    if len(results) >= 2 and "solved_by_task" in results[0] and "solved_by_task" in results[-1]:
+        mean, se, n = paired_difference(results[0]["solved_by_task"], results[-1]["solved_by_task"])
         # With no task changing outcome the SE is 0 and a ratio means nothing: say so instead of "nan".
         size = f"{mean / se:.1f} standard errors" if se > 0 else "no task changed outcome"
-        table += "\n" if later is not results[1] else "\n\n"
         table += (
-            f"success {later['label']} - {first['label']}: {mean:+.3f} ± {se:.3f} "
+            f"\n\nsuccess {results[-1]['label']} - {results[0]['label']}: {mean:+.3f} ± {se:.3f} "
             f"(paired over {n} held-out tasks; {size})"
         )
     by_level = level_table(results)
@@ -555,14 +512,8 @@ def plot_stages(run_dir: Path, results: list[dict[str, Any]]) -> Path:
     rl = sorted(run_dir.glob("*_train"))
     if rl and (rl[-1] / "metrics.jsonl").exists():
         rows = read_metrics(rl[-1])
-        axes[1].plot([r["step"] for r in rows], [r.get("success_rate", 0) for r in rows], marker=".",
-                     label="trained batches")  # fmt: skip
-        curve = heldout_curve(results, rows[-1]["step"] if rows else None)
-        if curve:
-            axes[1].errorbar([c[0] for c in curve], [c[1] for c in curve], yerr=[c[2] for c in curve], marker="o",
-                             capsize=3, label="held-out (± SE)")  # fmt: skip
-            axes[1].legend(fontsize=8)
-    axes[1].set_title("RL: success per policy step")
+        axes[1].plot([r["step"] for r in rows], [r.get("success_rate", 0) for r in rows], marker=".")
+    axes[1].set_title("RL: success of the trained batches")
     axes[1].set_xlabel("policy step")
     fig.tight_layout()
     out = run_dir / "plots" / "stages.png"
@@ -570,24 +521,3 @@ def plot_stages(run_dir: Path, results: list[dict[str, Any]]) -> Path:
     fig.savefig(out, dpi=90)
     plt.close(fig)
     return out
-
-
-def heldout_curve(results: list[dict[str, Any]], last_step: int | None) -> list[tuple[int, float, float]]:
-    """``(policy step, held-out success, SE)`` from the evals around a train stage whose policies were evaluated
-    (``eval.exported_policies``): the eval before it at step 0, each exported policy, the final model at
-    ``last_step``; empty without exported rows."""
-    idx = [i for i, r in enumerate(results) if r.get("policy_step") is not None]
-    if not idx:
-        return []
-    rows = []
-    if idx[0] > 0:
-        rows.append((0, results[idx[0] - 1]))
-    rows += [(int(results[i]["policy_step"]), results[i]) for i in idx]
-    if last_step is not None and idx[-1] + 1 < len(results):
-        rows.append((int(last_step), results[idx[-1] + 1]))
-
-    def se(r: dict[str, Any]) -> float:
-        n = max(int(r.get("episodes") or 1), 1)
-        return math.sqrt(r["success"] * (1 - r["success"]) / n)
-
-    return [(step, float(r["success"]), se(r)) for step, r in rows]
