@@ -100,9 +100,28 @@ def _point(label: str, step: int, solved: dict[str, int], sft: dict[str, int]) -
             "se": math.sqrt(p * (1 - p) / n), "vs_sft": diff, "vs_sft_se": se, "solved_by_task": solved}  # fmt: skip
 
 
-def curve(run_dir: Path, n: int, out: Path) -> dict[str, Any]:
-    """Evaluate every exported policy of ``run_dir``'s (last) train stage on its first ``n`` held-out tasks; write
-    ``curve.json`` and ``curve.png`` into ``out``."""
+def sft_eval_dir(run_dir: Path, given: Path | None = None) -> Path:
+    """The eval the curve pairs against: ``given``, else the run's first eval stage when it ran before the train
+    stage. A `sao bench confirm` arm has no eval of its own before RL (its start is the shared SFT checkpoint), so it
+    is refused with the fix."""
+    if given is not None:
+        if not (given / "done.json").is_file():
+            raise ConfigError(f"--sft-eval {str(given)!r}: no finished eval stage there (no done.json); pass an "
+                              "NN_eval folder of the run whose SFT checkpoint this run started from")  # fmt: skip
+        return given
+    first, train = _stage_dir(run_dir, "eval", 0), _stage_dir(run_dir, "train", -1)
+    if first.name < train.name:
+        return first
+    raise ConfigError(
+        f"{run_dir}: no eval stage before its train stage (a `sao bench confirm` arm starts from the shared SFT "
+        "checkpoint); pass the SFT eval with --sft-eval, e.g. --sft-eval CONFIRM_OUT/shared/02_eval or the NN_eval "
+        "folder after SFT of the run given to --from-run"
+    )
+
+
+def curve(run_dir: Path, n: int, out: Path, sft_eval: Path | None = None) -> dict[str, Any]:
+    """Evaluate every exported policy of ``run_dir``'s (last) train stage on its first ``n`` held-out tasks, paired
+    with the SFT eval (``sft_eval_dir``); write ``curve.json`` and ``curve.png`` into ``out``."""
     from sao.trainer.learn.models import load_tokenizer
 
     cfg: Config = load_config(run_dir / "config.yaml")
@@ -113,7 +132,7 @@ def curve(run_dir: Path, n: int, out: Path) -> dict[str, Any]:
     small.eval.n = n
     ids = [str(t.get("id", t.get("instance_id"))) for t in held_out_tasks(small)]
     train_dir = _stage_dir(run_dir, "train", -1)
-    sft_eval, final_eval = _stage_dir(run_dir, "eval", 0), _stage_dir(run_dir, "eval", -1)
+    sft_eval, final_eval = sft_eval_dir(run_dir, sft_eval), _stage_dir(run_dir, "eval", -1)
     sft_solved = _on_tasks(json.loads((sft_eval / "done.json").read_text())["solved_by_task"], ids)
     points = [_point("after SFT", 0, sft_solved, sft_solved)]
     metrics = {int(r["step"]): r for r in read_metrics(train_dir) if "step" in r}

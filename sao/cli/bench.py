@@ -281,13 +281,19 @@ def curve(
     run_dir: str = typer.Argument(..., help="a finished staged run trained with run.export_every (e.g. 1)"),
     n: int = typer.Option(32, help="the first N of the run's held-out tasks, the same at every step"),
     out: str = typer.Option("", help="folder for curve.json and curve.png (default RUN_DIR/curve)"),
+    sft_eval: str = typer.Option(
+        "",
+        help="the SFT eval to pair with (an NN_eval folder; default the run's eval before RL; a confirm arm's is "
+        "CONFIRM_OUT/shared/NN_eval)",
+    ),
 ) -> None:
     """Held-out success at every exported RL policy of a staged run, and the kinds of failure before and after RL."""
     from sao.benchmarks.bench_curve import curve as run_curve
     from sao.benchmarks.bench_curve import curve_table
 
     with _usage_errors():
-        result = run_curve(Path(run_dir), n, Path(out) if out else Path(run_dir) / "curve")
+        result = run_curve(Path(run_dir), n, Path(out) if out else Path(run_dir) / "curve",
+                           Path(sft_eval) if sft_eval else None)  # fmt: skip
     typer.echo(curve_table(result))
 
 

@@ -60,3 +60,21 @@ def test_a_run_without_exported_policies_is_refused_with_the_fix(tmp_path: Path)
     (tmp_path / "policies" / "step_0002").mkdir(parents=True)
     (tmp_path / "policies" / "step_0010").mkdir()
     assert [s for s, _ in policies(tmp_path)] == [2, 10]
+
+
+def test_the_sft_eval_is_the_runs_eval_before_rl_or_the_one_given(tmp_path: Path) -> None:
+    from sao.benchmarks.bench_curve import sft_eval_dir
+
+    job = tmp_path / "job"
+    for stage in ("01_sft", "02_eval", "03_pretrain_value", "04_train", "05_eval"):
+        (job / stage).mkdir(parents=True)
+    assert sft_eval_dir(job) == job / "02_eval"
+    arm = tmp_path / "arm"  # a confirm arm: value pretraining, RL and its eval, from the shared SFT checkpoint
+    for stage in ("00_pretrain_value", "01_train", "02_eval"):
+        (arm / stage).mkdir(parents=True)
+    with pytest.raises(ConfigError, match="--sft-eval"):
+        sft_eval_dir(arm)
+    with pytest.raises(ConfigError, match="no finished eval stage"):
+        sft_eval_dir(arm, job / "02_eval")
+    (job / "02_eval" / "done.json").write_text("{}")
+    assert sft_eval_dir(arm, job / "02_eval") == job / "02_eval"
