@@ -134,6 +134,9 @@ def curve(run_dir: Path, n: int, out: Path, sft_eval: Path | None = None) -> dic
     train_dir = _stage_dir(run_dir, "train", -1)
     sft_eval, final_eval = sft_eval_dir(run_dir, sft_eval), _stage_dir(run_dir, "eval", -1)
     sft_solved = _on_tasks(json.loads((sft_eval / "done.json").read_text())["solved_by_task"], ids)
+    if not sft_solved:  # e.g. another eval.seed: nothing to pair with, not a curve paired on nothing
+        raise ConfigError(f"{sft_eval}: none of the run's {len(ids)} held-out tasks is in this eval; pass the eval of "
+                          "the SFT checkpoint this run started from, on the same eval.seed")  # fmt: skip
     points = [_point("after SFT", 0, sft_solved, sft_solved)]
     metrics = {int(r["step"]): r for r in read_metrics(train_dir) if "step" in r}
     for step, path in policies(train_dir):

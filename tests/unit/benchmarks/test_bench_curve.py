@@ -78,3 +78,20 @@ def test_the_sft_eval_is_the_runs_eval_before_rl_or_the_one_given(tmp_path: Path
         sft_eval_dir(arm, job / "02_eval")
     (job / "02_eval" / "done.json").write_text("{}")
     assert sft_eval_dir(arm, job / "02_eval") == job / "02_eval"
+
+
+def test_an_sft_eval_on_other_held_out_tasks_is_refused_before_any_policy_is_evaluated(tmp_path: Path) -> None:
+    import json
+
+    from sao.benchmarks.bench_curve import curve
+    from sao.trainer.config import config_from_dict, save_config
+
+    arm = tmp_path / "arm"
+    (arm / "01_train" / "policies" / "step_0001").mkdir(parents=True)
+    (arm / "02_eval").mkdir()
+    save_config(config_from_dict({}, ["env.tasks=arithmetic", "eval.n=4"]), arm / "config.yaml")
+    other = tmp_path / "other_eval"  # an eval of tasks drawn with another eval.seed
+    other.mkdir()
+    (other / "done.json").write_text(json.dumps({"solved_by_task": {"not-a-held-out-task": 1}}))
+    with pytest.raises(ConfigError, match="none of the run's 4 held-out tasks"):
+        curve(arm, 4, tmp_path / "out", other)
