@@ -28,10 +28,15 @@ def test_bench_memory_learner_mode_smoke(tmp_path: Path, smollm2_dir: Path) -> N
     sao, rm = doc["results"]["sao"], doc["results"]["running_mean"]
     assert len(sao["steps"]) == len(rm["steps"]) == 2 and sao["batch"] == rm["batch"] == 8
     assert all(r["rss_bytes"] > 0 and r["peak_rss_bytes"] >= r["rss_bytes"] for r in sao["steps"] + rm["steps"])
-    # the critic's phases are SAO's alone, and they cost: SAO's step is dearer per trajectory than the baseline's
-    assert sao["summary"]["cpu_values_s"] > 0 and sao["summary"]["cpu_critic_s"] > 0
-    assert rm["summary"]["cpu_critic_s"] == 0 and rm["summary"]["cpu_values_s"] < 0.1 * sao["summary"]["cpu_values_s"]
-    assert sao["summary"]["cpu_ratio_to_baseline"] > 1.0 and rm["summary"]["cpu_ratio_to_baseline"] == 1.0
+    # the critic's phases are SAO's alone, and they cost a visible share of SAO's own step (measured in one process:
+    # two processes' 1-second steps on a shared 2-core machine differ by more than that share, so the ratio between
+    # them is reported, not asserted to exceed 1 -- CI once measured it 0.93 on this tiny model)
+    s, b = sao["summary"], rm["summary"]
+    assert s["cpu_values_s"] > 0 and s["cpu_critic_s"] > 0
+    assert s["cpu_values_s"] + s["cpu_critic_s"] > 0.05 * s["cpu_s_per_step"]
+    assert b["cpu_critic_s"] == 0 and b["cpu_values_s"] < 0.1 * s["cpu_values_s"]
+    assert s["cpu_ratio_to_baseline"] == pytest.approx(s["cpu_s_per_traj"] / b["cpu_s_per_traj"])
+    assert b["cpu_ratio_to_baseline"] == 1.0
     assert "sao / running_mean" in res.stdout
 
 
