@@ -142,8 +142,10 @@ def staged_in_fresh_process(cfg: dict[str, Any], overrides: list[str]) -> dict[s
         return pool.submit(_staged_child, cfg, overrides).result()
 
 
-def _se(p: float, n: int) -> float:
-    return math.sqrt(p * (1 - p) / max(n, 1))
+def _se(ev: dict[str, Any]) -> float:
+    """An eval's success SE: its own (over tasks, ``eval.samples``), else binomial over its episodes (older runs)."""
+    p, n = float(ev["success"]), int(ev["episodes"])
+    return float(ev.get("success_se", math.sqrt(p * (1 - p) / max(n, 1))))
 
 
 def time_limited(eval_dir: Path, n: int) -> int:
@@ -178,14 +180,15 @@ def arm_result(name: str, summary: dict[str, Any], sft_eval: dict[str, Any], run
     return {
         "arm": name,
         "success_sft": sft_eval["success"],
-        "success_sft_se": _se(sft_eval["success"], sft_eval["episodes"]),
+        "success_sft_se": _se(sft_eval),
         "success_rl": after["success"],
-        "success_rl_se": _se(after["success"], after["episodes"]),
+        "success_rl_se": _se(after),
         "episodes": after["episodes"],
         "paired_diff": diff,
         "paired_diff_se": diff_se,
         "paired_n": n_pair,
-        # per task 0/1 before and after: what `sao bench confirm-pool` pools over seeds
+        # per task its solved fraction (0/1 with one episode a task) before and after: what `sao bench confirm-pool`
+        # pools over seeds
         "solved_by_task_sft": dict(sft_eval["solved_by_task"]),
         "solved_by_task_rl": dict(after["solved_by_task"]),
         "valid_tool_call_sft": sft_eval["valid_tool_call_rate"],
@@ -516,7 +519,7 @@ def _between_seed_se(diffs: list[float]) -> float:
 
 
 def _pooled_by_level(
-    pairs: list[tuple[dict[str, int], dict[str, int]]], levels: dict[str, int]
+    pairs: list[tuple[dict[str, float], dict[str, float]]], levels: dict[str, int]
 ) -> dict[str, dict[str, float]]:
     """``pooled_paired_difference`` over each level's tasks (``levels``: task id -> level); empty without levels."""
     from sao.eval.scores import pooled_paired_difference

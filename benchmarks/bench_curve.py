@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import copy
 import json
-import math
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,7 @@ from sao.core.jsonl import iter_jsonl, write_json_atomic
 from sao.envs.protocols import FormatError
 from sao.envs.python_tool import PythonToolEnv
 from sao.envs.tools.parsing import parse_action
-from sao.eval.scores import paired_difference
+from sao.eval.scores import paired_difference, task_success_se
 from sao.trainer.config import Config, ConfigError, load_config
 from sao.trainer.runs.metrics import read_metrics
 from sao.trainer.runs.stages import eval_stage, held_out_tasks, training_tasks
@@ -88,16 +87,15 @@ def _ledger_trajectories(path: Path) -> list[Trajectory]:
             if rec.get("type") == "trajectory"]  # fmt: skip
 
 
-def _on_tasks(solved_by_task: dict[str, int], ids: list[str]) -> dict[str, int]:
+def _on_tasks(solved_by_task: dict[str, float], ids: list[str]) -> dict[str, float]:
     return {k: solved_by_task[k] for k in ids if k in solved_by_task}
 
 
-def _point(label: str, step: int, solved: dict[str, int], sft: dict[str, int]) -> dict[str, Any]:
-    n = max(len(solved), 1)
-    p = sum(solved.values()) / n
+def _point(label: str, step: int, solved: dict[str, float], sft: dict[str, float]) -> dict[str, Any]:
+    p = sum(solved.values()) / max(len(solved), 1)
     diff, se, _ = paired_difference(sft, solved)
     return {"label": label, "step": step, "episodes": len(solved), "success": p,
-            "se": math.sqrt(p * (1 - p) / n), "vs_sft": diff, "vs_sft_se": se, "solved_by_task": solved}  # fmt: skip
+            "se": task_success_se(solved), "vs_sft": diff, "vs_sft_se": se, "solved_by_task": solved}  # fmt: skip
 
 
 def sft_eval_dir(run_dir: Path, given: Path | None = None) -> Path:

@@ -33,7 +33,11 @@ def episode_scores(
     episodes whose graded patch (``info["report"]["model_patch"]``) changed a file the gold patch changes, and with
     injected-bug tasks the resolved / episodes of each bug family (``solved_by_family``). With tasks of graded
     difficulty (a ``level`` in the task record or the episode's info) also ``by_level`` (episodes, success, valid
-    tool-call rate per level) and ``level_by_task``."""
+    tool-call rate per level) and ``level_by_task``.
+
+    A task played several times (``eval.samples``) is one unit: ``solved_by_task`` holds its solved fraction, and
+    ``success_se`` is the standard error over tasks of those fractions (with one episode a task, the binomial SE);
+    ``tasks`` counts them."""
     rows_of = _rows_by_episode([t for t in trajs if t.status != "infra_error"])
     ok = [rows[-1] for rows in rows_of]
     valid_flags = [_made_valid_call(t, tokenizer) for t in ok]
@@ -43,13 +47,15 @@ def episode_scores(
     obs = sum(len(seg.token_ids) for t in every for seg in t.segments if seg.kind == "observation")
     out: dict[str, Any] = {
         "episodes": len(ok),
+        "tasks": len({t.task_id for t in ok}),
         "infra_errors": sum(t.status == "infra_error" for t in trajs),
         "success": sum(bool(t.info.get("solved")) for t in ok) / n,
+        "success_se": success_se(ok),
         "valid_tool_call_rate": valid / n,
         "mean_turns": sum(int(t.info.get("turns", 0)) for t in ok) / n,
         # cut by the env's wall-clock limit: on a loaded machine this scores correct work 0, so tables show it
         "time_limited": sum(t.info.get("truncation_reason") == "time_limit" for t in ok),
-        "solved_by_task": {t.task_id: int(bool(t.info.get("solved"))) for t in ok},
+        "solved_by_task": solved_by_task(ok),
         "truncated": sum(t.status == "truncated" for t in ok),
         "tokens_per_episode": sum(t.num_tokens for t in every) / n,
         "observation_share": obs / max(sum(t.num_tokens for t in every), 1),
@@ -80,6 +86,32 @@ def episode_scores(
                 solved_n[1] += 1
         out["solved_by_family"] = dict(sorted(by.items()))
     return out
+
+
+def solved_by_task(eps: Sequence[Trajectory]) -> dict[str, float]:
+    """Each task's solved fraction over its episodes (one episode: 0 or 1), in order of first appearance."""
+    by: dict[str, list[int]] = {}
+    for t in eps:
+        by.setdefault(t.task_id, []).append(int(bool(t.info.get("solved"))))
+    return {k: (v[0] if len(v) == 1 else sum(v) / len(v)) for k, v in by.items()}
+
+
+def success_se(eps: Sequence[Trajectory]) -> float:
+    """The standard error of the success rate with the task as the unit (``task_success_se``)."""
+    return task_success_se(solved_by_task(eps))
+
+
+def task_success_se(solved: dict[str, float]) -> float:
+    """The standard error of the mean of per-task solved fractions: the binomial SE when every task is 0 or 1 (one
+    episode a task), else the SE over tasks (a task's episodes share its difficulty, so they are not independent
+    draws; counting them as such would understate the SE)."""
+    xs = list(solved.values())
+    if not xs:
+        return 0.0
+    m = sum(xs) / len(xs)
+    if all(x in (0, 1) for x in xs):
+        return float((m * (1 - m) / len(xs)) ** 0.5)
+    return float((sum((x - m) ** 2 for x in xs) / max(len(xs) - 1, 1) / len(xs)) ** 0.5)
 
 
 def _made_valid_call(t: Trajectory, tokenizer: Any) -> bool:
@@ -113,10 +145,13 @@ def _by_level(ok: list[Trajectory], valid: list[bool], level: dict[str, int]) ->
     for t, v in zip(ok, valid, strict=True):
         if t.task_id in level:
             groups.setdefault(level[t.task_id], []).append((bool(t.info.get("solved")), v))
+    of_level = {lv: [t for t in ok if level.get(t.task_id) == lv] for lv in groups}
     return {
         str(lv): {
             "episodes": len(g),
+            "tasks": len({t.task_id for t in of_level[lv]}),
             "success": sum(s for s, _ in g) / len(g),
+            "success_se": success_se(of_level[lv]),
             "valid_tool_call_rate": sum(v for _, v in g) / len(g),
         }
         for lv, g in sorted(groups.items())
@@ -139,7 +174,8 @@ def level_table(results: list[dict[str, Any]]) -> str:
                 cells.append("-")
                 continue
             p, n = float(g["success"]), max(int(g["episodes"]), 1)
-            cells.append(f"{p:.3f} ± {(p * (1 - p) / n) ** 0.5:.3f} ({g['valid_tool_call_rate']:.2f}, n={n})")
+            se = float(g.get("success_se", (p * (1 - p) / n) ** 0.5))
+            cells.append(f"{p:.3f} ± {se:.3f} ({g['valid_tool_call_rate']:.2f}, n={n})")
         lines.append(f"| {r['label']} | " + " | ".join(cells) + " |")
     first, last = results[0], results[-1]
     if len(results) >= 2 and "level_by_task" in first and "level_by_task" in last:
@@ -181,7 +217,7 @@ def score_table(results: list[dict[str, Any]]) -> str:
     ]
     for r in results:
         n, p = max(int(r["episodes"]), 1), float(r["success"])
-        se = (p * (1 - p) / n) ** 0.5
+        se = float(r.get("success_se", (p * (1 - p) / n) ** 0.5))
         tokens = f"{r['tokens_per_episode']:.0f}" if "tokens_per_episode" in r else "-"
         share = f"{r['observation_share']:.3f}" if "observation_share" in r else "-"
         lines.append(
@@ -192,13 +228,16 @@ def score_table(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def paired_difference(before: dict[str, int], after: dict[str, int]) -> tuple[float, float, int]:
-    """Mean of ``after - before`` over the tasks both evals solved or failed, its standard error, and the count:
-    the two evals run the same held-out tasks, so the paired difference is the sharper test."""
+def paired_difference(before: dict[str, float], after: dict[str, float]) -> tuple[float, float, int]:
+    """Mean of ``after - before`` over the tasks both evals ran (each task's solved fraction: 0 or 1 with one
+    episode a task), its standard error over tasks, and the count: the two evals run the same held-out tasks, so the
+    paired difference is the sharper test."""
     return pooled_paired_difference([(before, after)])
 
 
-def pooled_paired_difference(pairs: Sequence[tuple[dict[str, int], dict[str, int]]]) -> tuple[float, float, int]:
+def pooled_paired_difference(
+    pairs: Sequence[tuple[dict[str, float], dict[str, float]]],
+) -> tuple[float, float, int]:
     """The paired difference over several seeds: for each task every pair ran, the mean of ``after - before``
     over the pairs, then the mean over tasks and its standard error over tasks. The task is the unit, so seeds
     that share one ``before`` eval (RL seeds from one SFT checkpoint) are not counted as independent samples."""

@@ -19,7 +19,7 @@ TINY_QUICKSTART = [
     "collect.n=4", "sft.steps=1", "sft.batch_size=2", "eval.n=2", "eval.concurrency=2", "run.total_steps=1",
     "run.save_every=1", "trainer.batch_size=2", "rollout.concurrency=2", "rollout.buffer_size=2",
     "deepspeed.micro_batch_size=2", "run.progress=false", "pretrain_value.rollouts=4", "pretrain_value.epochs=1",
-    "pretrain_value.concurrency=2", "trainer.critic_warmup_steps=1", "eval.critic_probe=true",
+    "pretrain_value.concurrency=2", "trainer.critic_warmup_steps=1", "eval.critic_probe=true", "eval.samples=2",
 ]  # fmt: skip
 
 

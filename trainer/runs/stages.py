@@ -88,7 +88,7 @@ def held_out_tasks(cfg: Config) -> list[dict[str, Any]]:
 
 async def _rollouts(
     cfg: Config, engine: Any, tokenizer: Any, tasks: list[Any], out: Path, conc: int, temp: float,
-    env_kwargs: dict[str, Any] | None = None,
+    env_kwargs: dict[str, Any] | None = None, samples: int = 1,
 ) -> list[Trajectory]:  # fmt: skip
     # The stages record no render drift (rollout.render_check_every is the training run's).
     runner = episode_runner(
@@ -104,7 +104,7 @@ async def _rollouts(
     )
     got: list[Trajectory] = []
     try:
-        await runner.run(episodes_of(tasks, seed=cfg.run.seed), on_trajectory=got.append)
+        await runner.run(episodes_of(tasks, seed=cfg.run.seed, samples=samples), on_trajectory=got.append)
     finally:
         await engine.close()
     return got
@@ -162,7 +162,7 @@ def eval_stage(cfg: Config, model_dir: str, out: Path) -> dict[str, Any]:
     tasks = held_out_tasks(cfg)
     trajs = asyncio.run(
         _rollouts(cfg, engine, tok, tasks, out / "trajectories.jsonl", cfg.eval.concurrency,
-                  cfg.eval.temperature, cfg.eval.env_kwargs)
+                  cfg.eval.temperature, cfg.eval.env_kwargs, cfg.eval.samples)
     )  # fmt: skip
     scores = episode_scores(trajs, tok, tasks)
     scores["model"], scores["wall_s"] = model_dir, time.perf_counter() - t0

@@ -173,12 +173,12 @@ def select(eps: Iterable[Episode], q: Query, recorded: Callable[[Episode], bool]
     return present + missing
 
 
-def solved_by_task(eps: Iterable[Episode]) -> dict[str, int]:
-    """``{task: 1 if solved else 0}`` over the episodes that were not infra errors, each episode by its last row
-    (``info["solved"]``, else a positive reward), the last episode of a task winning: the scorer's rule
-    (``sao.eval.scores.episode_scores``)."""
-    out: dict[str, int] = {}
+def solved_by_task(eps: Iterable[Episode]) -> dict[str, float]:
+    """Each task's solved fraction over its episodes that were not infra errors (one episode: 0 or 1), each episode
+    by its last row (``info["solved"]``, else a positive reward): the scorer's rule
+    (``sao.eval.scores.solved_by_task``; an eval with ``eval.samples`` plays each task several times)."""
+    by: dict[str, list[int]] = {}
     for e in eps:
         if e.ending != "infra_error" and e.row + 1 >= e.rows:
-            out[e.task_id] = int(e.solved if e.solved is not None else (e.reward or 0.0) > 0)
-    return out
+            by.setdefault(e.task_id, []).append(int(e.solved if e.solved is not None else (e.reward or 0.0) > 0))
+    return {k: (v[0] if len(v) == 1 else sum(v) / len(v)) for k, v in by.items()}

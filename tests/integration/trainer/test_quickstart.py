@@ -29,7 +29,13 @@ def test_staged_quickstart_runs_every_stage_and_prints_the_table(tiny_quickstart
     ]  # fmt: skip
     summary = json.loads((run / "summary.json").read_text())
     assert [e["label"] for e in summary["evals"]] == ["after SFT", "after RL"]
-    assert all(e["episodes"] + e["infra_errors"] == 2 for e in summary["evals"])
+    # eval.samples=2: each of the 2 held-out tasks played twice, one unit each (its solved fraction)
+    assert all(e["episodes"] + e["infra_errors"] == 4 for e in summary["evals"])
+    played = [json.loads(x) for x in (run / "02_eval" / "trajectories.jsonl").read_text().splitlines()]
+    assert len({r["info"]["seed"] for r in played if "info" in r}) == 4  # every episode its own seed
+    for e in summary["evals"]:
+        assert e["tasks"] == len(e["solved_by_task"]) == 2 and "success_se" in e
+        assert all(v in (0, 0.5, 1) for v in e["solved_by_task"].values())
     out = res.stdout + res.stderr  # the table comes through say(), on the terminal stream (stderr)
     assert "| after SFT |" in out and "| after RL |" in out
     assert (run / "plots" / "stages.png").stat().st_size > 0

@@ -97,6 +97,44 @@ def test_episode_scores_count_resolved_by_bug_family() -> None:
     assert bug_family({"sao_mutation": {"operator": "off_by_one"}}) == "off_by_one" and bug_family({}) is None
 
 
+def test_several_episodes_a_task_make_one_unit_its_solved_fraction_and_the_se_over_tasks() -> None:
+    from sao.eval.scores import episode_scores, level_table, paired_difference, score_table
+
+    class Tok:
+        def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+            return "no call"
+
+    def traj(tid: str, solved: bool, level: int) -> Trajectory:
+        segs = (Segment("prompt", (1, 2)), Segment("action", (3,), (0.0,), 0))
+        info = {"solved": solved, "turns": 1, "level": level}
+        return Trajectory(tid, "sao/PythonTool-v0", segs, float(solved), "ok", info)  # type: ignore[arg-type]
+
+    # eval.samples = 4: task a 4/4, b 1/4, c 0/4 (+ an infra error, not an episode), d 2/4
+    plays = {"a": [1, 1, 1, 1], "b": [0, 1, 0, 0], "c": [0, 0, 0], "d": [1, 0, 0, 1]}
+    trajs = [traj(t, bool(x), 1 if t in "ab" else 2) for t, xs in plays.items() for x in xs]
+    trajs.append(Trajectory("c", "sao/PythonTool-v0", (), 0.0, "infra_error", {"infra_error": "sandbox died"}))
+    s = episode_scores(trajs, Tok())
+    assert s["episodes"] == 15 and s["tasks"] == 4 and s["infra_errors"] == 1
+    assert s["solved_by_task"] == {"a": 1.0, "b": 0.25, "c": 0.0, "d": 0.5}
+    fr = [1.0, 0.25, 0.0, 0.5]
+    m = sum(fr) / 4
+    assert s["success_se"] == pytest.approx((sum((x - m) ** 2 for x in fr) / 3 / 4) ** 0.5)  # over tasks
+    assert s["success"] == pytest.approx(7 / 15)  # over episodes
+    assert s["by_level"]["1"]["tasks"] == 2 and s["by_level"]["1"]["success_se"] == pytest.approx(0.375)
+    assert f"± {s['success_se']:.3f}" in score_table([{**s, "label": "after RL"}])
+    # a paired difference of two such evals is over tasks, of the fractions
+    after = {"a": 1.0, "b": 0.75, "c": 0.25, "d": 0.5}
+    mean, se, n = paired_difference(s["solved_by_task"], after)
+    d = [0.0, 0.5, 0.25, 0.0]
+    assert n == 4 and mean == pytest.approx(sum(d) / 4)
+    assert se == pytest.approx((sum((x - mean) ** 2 for x in d) / 3 / 4) ** 0.5)
+    assert "+0.250 ± 0.250 (n=2)" in level_table([{**s, "label": "SFT"}, {**s, "solved_by_task": after, "label": "RL"}])
+    # one episode a task: the binomial SE, as before
+    one = episode_scores([traj(t, t in "ab", 1) for t in "abcd"], Tok())
+    assert one["solved_by_task"] == {"a": 1, "b": 1, "c": 0, "d": 0}
+    assert one["success_se"] == pytest.approx((0.5 * 0.5 / 4) ** 0.5)
+
+
 def test_paired_difference_uses_the_tasks_both_evals_ran() -> None:
     from sao.eval.scores import paired_difference
 
