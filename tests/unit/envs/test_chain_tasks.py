@@ -170,8 +170,14 @@ def test_scores_per_level_and_the_paired_table() -> None:
     after = [_episode("a", 1, True, 1), _episode("b", 1, True, 1), _episode("c", 3, False, 1)]
     s0, s1 = episode_scores(before, _Tok()), episode_scores(after, _Tok())
     assert s0["by_level"] == {
-        "1": {"episodes": 2, "success": 0.5, "valid_tool_call_rate": 0.5},
-        "3": {"episodes": 1, "success": 0.0, "valid_tool_call_rate": 1.0},
+        "1": {
+            "episodes": 2,
+            "tasks": 2,
+            "success": 0.5,
+            "success_se": pytest.approx(0.5 / 2**0.5),
+            "valid_tool_call_rate": 0.5,
+        },
+        "3": {"episodes": 1, "tasks": 1, "success": 0.0, "success_se": 0.0, "valid_tool_call_rate": 1.0},
     }
     assert s0["level_by_task"] == {"a": 1, "b": 1, "c": 3}
     # the task records' level counts where an episode's info lacks one
