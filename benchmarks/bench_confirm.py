@@ -70,12 +70,15 @@ def build_configs(cc: ConfirmConfig) -> tuple[dict[str, Any], dict[str, dict[str
         given = _finished_run_config(cc.from_run)
         if not _sets_seed(cc.overrides):  # the arms train with the run's seed unless `--set run.seed=N` says
             base = merge(base, {"run": {"seed": given["run"]["seed"]}})
-        for key in ("n", "seed", "temperature"):
-            mine, theirs = given["eval"].get(key), base["eval"].get(key)
+        from sao.trainer.config import EvalConfig
+
+        for key in ("n", "seed", "temperature", "samples"):  # a key a config leaves out has EvalConfig's default
+            default = getattr(EvalConfig(), key)
+            mine, theirs = given["eval"].get(key, default), base["eval"].get(key, default)
             if mine != theirs:
                 raise ValueError(
                     f"--from-run {cc.from_run}: its eval.{key} is {mine!r}, the arms' {theirs!r}; the arms must be "
-                    "evaluated on the same held-out tasks"
+                    "evaluated on the same held-out tasks, as often"
                 )
         shared = merge(base, {"stages": SHARED_STAGES, "run": {"dir": str(cc.from_run)}})
         sft_actor = _stage_dir(cc.from_run, "sft") / "final" / "actor"

@@ -28,10 +28,12 @@ TINY = [
     "rollout.buffer_size=2", "deepspeed.micro_batch_size=2", "pretrain_value.rollouts=4", "pretrain_value.epochs=1",
     "pretrain_value.concurrency=2",
 ]  # fmt: skip
-# The arm's sizes, for a start from the tiny quickstart run (its eval's n, seed and temperature are these too).
+# The arm's sizes, for a start from the tiny quickstart run (its eval's n, seed, temperature and samples are these
+# too).
 ARM = [
-    "eval.n=2", "eval.concurrency=2", "run.total_steps=1", "run.progress=false", "trainer.batch_size=2",
-    "trainer.group_size=2", "rollout.concurrency=2", "rollout.buffer_size=2", "deepspeed.micro_batch_size=2",
+    "eval.n=2", "eval.samples=2", "eval.concurrency=2", "run.total_steps=1", "run.progress=false",
+    "trainer.batch_size=2", "trainer.group_size=2", "rollout.concurrency=2", "rollout.buffer_size=2",
+    "deepspeed.micro_batch_size=2",
 ]  # fmt: skip
 
 

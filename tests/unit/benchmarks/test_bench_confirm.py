@@ -135,6 +135,11 @@ def test_a_finished_main_job_run_is_the_shared_start_and_its_seed_and_eval_are_k
     for name, a in arms.items():
         assert a["run"]["seed"] == 2 and a["model"]["path"] == str(run / "01_sft" / "final" / "actor")
         assert not reuses_finished_run(cc, name, a)
+    cfg["eval"]["samples"] = 4  # the run played each held-out task 4 times, the arms would play it once
+    (run / "config.yaml").write_text(yaml.safe_dump(cfg))
+    with pytest.raises(ValueError, match=r"its eval\.samples is 4, the arms' 1"):
+        build_configs(_cc(tmp_path, from_run=run))
+    del cfg["eval"]["samples"]
     cfg["eval"]["n"] = 32
     (run / "config.yaml").write_text(yaml.safe_dump(cfg))
     with pytest.raises(ValueError, match=r"its eval\.n is 32, the arms' 64"):
