@@ -333,10 +333,11 @@ class EvalConfig:
     n: int = 32
     """Held-out tasks."""
     samples: int = 1
-    """Episodes per held-out task (each its own seed). Success is then the mean over tasks of each task's solved
-    fraction, and its standard error and every paired difference are taken over tasks: with one episode per task at
-    temperature 1 the same policy evaluated twice differs by as much as a gain RL makes (measured: 0.422 vs 0.547 on
-    64 tasks, docs/results.md); more samples shrink that part of the noise, the task draw's part stays."""
+    """Episodes per held-out task (each its own seed). Each task is one unit, its solved fraction: the success
+    rate's standard error and every paired difference are taken over tasks (the rate itself over episodes). With one
+    episode per task at temperature 1 the same policy evaluated twice differs by as much as a gain RL makes
+    (measured: 0.422 vs 0.547 on 64 tasks, docs/results.md); more samples shrink that part of the noise, the task
+    draw's part stays."""
     seed: int = 1000
     """Held-out tasks are ``arithmetic`` tasks (``arithmetic_chain``, every level in turn, for a chain source) drawn
     with this seed alone (the same set for every ``run.seed``); any task whose problem is also a training task is

@@ -4,7 +4,7 @@ tasks the share of patches that touched the bug's file and the resolved rate per
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from sao.agent.records import Trajectory
@@ -45,17 +45,18 @@ def episode_scores(
     n = max(len(ok), 1)
     every = [t for rows in rows_of for t in rows]
     obs = sum(len(seg.token_ids) for t in every for seg in t.segments if seg.kind == "observation")
+    solved = solved_by_task(ok)
     out: dict[str, Any] = {
         "episodes": len(ok),
         "tasks": len({t.task_id for t in ok}),
         "infra_errors": sum(t.status == "infra_error" for t in trajs),
         "success": sum(bool(t.info.get("solved")) for t in ok) / n,
-        "success_se": success_se(ok),
+        "success_se": task_success_se(solved),
         "valid_tool_call_rate": valid / n,
         "mean_turns": sum(int(t.info.get("turns", 0)) for t in ok) / n,
         # cut by the env's wall-clock limit: on a loaded machine this scores correct work 0, so tables show it
         "time_limited": sum(t.info.get("truncation_reason") == "time_limit" for t in ok),
-        "solved_by_task": solved_by_task(ok),
+        "solved_by_task": solved,
         "truncated": sum(t.status == "truncated" for t in ok),
         "tokens_per_episode": sum(t.num_tokens for t in every) / n,
         "observation_share": obs / max(sum(t.num_tokens for t in every), 1),
@@ -89,16 +90,17 @@ def episode_scores(
 
 
 def solved_by_task(eps: Sequence[Trajectory]) -> dict[str, float]:
-    """Each task's solved fraction over its episodes (one episode: 0 or 1), in order of first appearance."""
+    """Each task's solved fraction over its episodes (``solved_fractions``)."""
+    return solved_fractions((t.task_id, bool(t.info.get("solved"))) for t in eps)
+
+
+def solved_fractions(outcomes: Iterable[tuple[str, bool]]) -> dict[str, float]:
+    """``(task id, solved)`` per episode -> each task's solved fraction (one episode: 0 or 1), in order of first
+    appearance: the one rule for the scorer and for `sao view`'s compare."""
     by: dict[str, list[int]] = {}
-    for t in eps:
-        by.setdefault(t.task_id, []).append(int(bool(t.info.get("solved"))))
+    for task_id, ok in outcomes:
+        by.setdefault(task_id, []).append(int(ok))
     return {k: (v[0] if len(v) == 1 else sum(v) / len(v)) for k, v in by.items()}
-
-
-def success_se(eps: Sequence[Trajectory]) -> float:
-    """The standard error of the success rate with the task as the unit (``task_success_se``)."""
-    return task_success_se(solved_by_task(eps))
 
 
 def task_success_se(solved: dict[str, float]) -> float:
@@ -141,21 +143,21 @@ def task_levels(tasks: list[dict[str, Any]] | None) -> dict[str, int]:
 
 def _by_level(ok: list[Trajectory], valid: list[bool], level: dict[str, int]) -> dict[str, dict[str, float]]:
     """Episodes, success and valid tool-call rate per difficulty level (keys are the levels as strings: JSON)."""
-    groups: dict[int, list[tuple[bool, bool]]] = {}
+    groups: dict[int, list[tuple[Trajectory, bool]]] = {}
     for t, v in zip(ok, valid, strict=True):
         if t.task_id in level:
-            groups.setdefault(level[t.task_id], []).append((bool(t.info.get("solved")), v))
-    of_level = {lv: [t for t in ok if level.get(t.task_id) == lv] for lv in groups}
-    return {
-        str(lv): {
+            groups.setdefault(level[t.task_id], []).append((t, v))
+    out: dict[str, dict[str, float]] = {}
+    for lv, g in sorted(groups.items()):
+        solved = solved_by_task([t for t, _ in g])
+        out[str(lv)] = {
             "episodes": len(g),
-            "tasks": len({t.task_id for t in of_level[lv]}),
-            "success": sum(s for s, _ in g) / len(g),
-            "success_se": success_se(of_level[lv]),
+            "tasks": len(solved),
+            "success": sum(bool(t.info.get("solved")) for t, _ in g) / len(g),
+            "success_se": task_success_se(solved),
             "valid_tool_call_rate": sum(v for _, v in g) / len(g),
         }
-        for lv, g in sorted(groups.items())
-    }
+    return out
 
 
 def level_table(results: list[dict[str, Any]]) -> str:

@@ -176,9 +176,11 @@ def select(eps: Iterable[Episode], q: Query, recorded: Callable[[Episode], bool]
 def solved_by_task(eps: Iterable[Episode]) -> dict[str, float]:
     """Each task's solved fraction over its episodes that were not infra errors (one episode: 0 or 1), each episode
     by its last row (``info["solved"]``, else a positive reward): the scorer's rule
-    (``sao.eval.scores.solved_by_task``; an eval with ``eval.samples`` plays each task several times)."""
-    by: dict[str, list[int]] = {}
-    for e in eps:
-        if e.ending != "infra_error" and e.row + 1 >= e.rows:
-            by.setdefault(e.task_id, []).append(int(e.solved if e.solved is not None else (e.reward or 0.0) > 0))
-    return {k: (v[0] if len(v) == 1 else sum(v) / len(v)) for k, v in by.items()}
+    (``sao.eval.scores.solved_fractions``; an eval with ``eval.samples`` plays each task several times)."""
+    from sao.eval.scores import solved_fractions
+
+    return solved_fractions(
+        (e.task_id, bool(e.solved if e.solved is not None else (e.reward or 0.0) > 0))
+        for e in eps
+        if e.ending != "infra_error" and e.row + 1 >= e.rows
+    )
