@@ -45,6 +45,8 @@ class ValueFitConfig:
     """Lambdas of the fit's targets (1: Monte-Carlo returns; below 1: TD(lambda) on the critic's own values)."""
     held_out: str = ""
     """Held-out trajectories from their own file(s) (``a,b``) instead of a ``holdout`` share of ``rollouts``."""
+    head_fits: tuple[str, ...] = ()
+    """``pretrain_value.head_fit`` values to compare (``ridge``, ``none``; empty: the config's)."""
 
 
 def _sizes(vc: ValueFitConfig, n_fit: int) -> list[int]:
@@ -86,17 +88,24 @@ def run(vc: ValueFitConfig, echo: Any = print) -> dict[str, Any]:
     lrs = vc.lrs or ((cfg.pretrain_value.lr or cfg.critic.lr),)
     rows: list[dict[str, Any]] = []
     load0 = os.getloadavg()[0]
-    grid = [(n, lam, lr, clip) for n in _sizes(vc, len(fit)) for lam in vc.lams for lr in lrs for clip in vc.clips]
-    for size, lam, lr, clip in grid:
+    heads = vc.head_fits or (cfg.pretrain_value.head_fit,)
+    grid = [
+        (n, lam, lr, clip, head)
+        for n in _sizes(vc, len(fit)) for lam in vc.lams for lr in lrs for clip in vc.clips for head in heads
+    ]  # fmt: skip
+    for size, lam, lr, clip, head in grid:
         c = copy.deepcopy(cfg)
         c.critic.gradient_clipping = clip
+        c.pretrain_value.head_fit = head
+        c.validate()
         t0 = time.perf_counter()
-        where = vc.out / f"critic_n{size}_lam{lam:g}_lr{lr:g}_clip{clip:g}"
+        where = vc.out / f"critic_n{size}_lam{lam:g}_lr{lr:g}_clip{clip:g}_head-{head}"
         res = fit_critic(c, fit[:size], held, vc.epochs, lr, where, lam=lam)
-        rows.append({"size": size, "lam": lam, "lr": lr, "clip": clip, "wall_s": time.perf_counter() - t0, **res})
+        rows.append({"size": size, "lam": lam, "lr": lr, "clip": clip, "head": head,
+                     "wall_s": time.perf_counter() - t0, **res})  # fmt: skip
         echo(
-            f"{size} rollouts, lambda {lam:g}, lr {lr:g} clip {clip:g}: held-out EV "
-            f"{res['held_out_ev_before']:.3f} -> {res['held_out_ev_after']:.3f}, "
+            f"{size} rollouts, lambda {lam:g}, lr {lr:g} clip {clip:g}, head {head}: held-out EV "
+            f"{res['held_out_ev_before']:.3f} -> {_start_ev(res):.3f} (head fit) -> {res['held_out_ev_after']:.3f}, "
             f"grad norm {res['curve'][-1]['grad_norm']:.2f}"
         )
     doc = {
@@ -112,18 +121,24 @@ def run(vc: ValueFitConfig, echo: Any = print) -> dict[str, Any]:
     return doc
 
 
+def _start_ev(row: dict[str, Any]) -> float:
+    """The held-out EV the gradient steps start from: after the head's fit where there was one."""
+    head = row.get("head_fit") or {}
+    return float(head.get("held_out_ev", row["held_out_ev_before"]))
+
+
 def table(doc: dict[str, Any]) -> str:
     lines = [
         f"value fit on {doc['fit']} rollouts, {doc['held_out']} held out (load {doc['load_avg_start']:.1f} -> "
         f"{doc['load_avg_end']:.1f})",
-        "| fit rollouts | target lambda | critic lr | grad clip | held-out EV before | held-out EV after "
-        "| grad norm (last epoch) | wall s |",
-        "|---|---|---|---|---|---|---|---|",
+        "| fit rollouts | target lambda | critic lr | grad clip | head fit | held-out EV before | after the head fit "
+        "| held-out EV after | grad norm (last epoch) | wall s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in doc["rows"]:
         lines.append(
             f"| {r.get('size', doc['fit'])} | {r.get('lam', 1.0):g} | {r['lr']:g} | {r['clip']:g} | "
-            f"{r['held_out_ev_before']:.3f} | "
+            f"{r.get('head', 'none')} | {r['held_out_ev_before']:.3f} | {_start_ev(r):.3f} | "
             f"{r['held_out_ev_after']:.3f} | "
             f"{r['curve'][-1]['grad_norm']:.2f} | {r['wall_s']:.0f} |"
         )
@@ -139,12 +154,12 @@ def plot(doc: dict[str, Any], out: Path) -> None:
     fig, ax = plt.subplots(1, 2, figsize=(9, 3.4))
     for r in doc["rows"]:
         size, lam = r.get("size", doc["fit"]), r.get("lam", 1.0)
-        label = f"{size} rollouts, lambda {lam:g}, lr {r['lr']:g}, clip {r['clip']:g}"
+        label = f"{size} rollouts, lambda {lam:g}, lr {r['lr']:g}, clip {r['clip']:g}, head {r.get('head', 'none')}"
         epochs = [0] + [c["epoch"] for c in r["curve"]]
-        ax[0].plot(epochs, [r["held_out_ev_before"]] + [c["held_out_ev"] for c in r["curve"]], marker=".", label=label)
+        ax[0].plot(epochs, [_start_ev(r)] + [c["held_out_ev"] for c in r["curve"]], marker=".", label=label)
         ax[1].plot([c["epoch"] for c in r["curve"]], [c["grad_norm"] for c in r["curve"]], marker=".", label=label)
     ax[0].axhline(0.0, color="grey", lw=0.8)
-    ax[0].set_title("held-out explained variance")
+    ax[0].set_title("held-out explained variance (epoch 0: after the head fit)")
     ax[1].set_title("critic gradient norm (before the clip)")
     for a in ax:
         a.set_xlabel("epoch")

@@ -323,6 +323,10 @@ class PretrainValueConfig:
     """Passes over the fit rollouts (batches of ``trainer.batch_size``, one critic optimizer step each)."""
     lr: float | None = None
     """The critic's learning rate while pretraining; null = ``critic.lr``."""
+    head_fit: str = "ridge"
+    """How the value head starts the fit: ``ridge``, least squares of the returns on the critic's frozen features
+    (a linear probe; its penalty cross-validated over episodes) before the gradient steps; ``none``, the random
+    head (before 2026-12-06, where 24 steps at lr 3e-5 left a value near the mean: docs/results.md)."""
     concurrency: int = 8
 
 
@@ -629,6 +633,7 @@ def _stage_checks(cfg: Config) -> list[tuple[bool, str]]:
         (p.epochs >= 1, "pretrain_value.epochs must be >= 1"),
         (p.lr is None or p.lr > 0, "pretrain_value.lr must be > 0 (or null for critic.lr)"),
         (p.concurrency >= 1, "pretrain_value.concurrency must be >= 1"),
+        (p.head_fit in ("ridge", "none"), f"pretrain_value.head_fit: unknown {p.head_fit!r}; use ridge or none"),
         ("pretrain_value" not in cfg.stages or "train" in cfg.stages[cfg.stages.index("pretrain_value"):],
          "stages: pretrain_value warms the critic of a later train stage; put a train stage after it"),
     ]  # fmt: skip

@@ -94,6 +94,7 @@ def value_fit(
     ),
     sizes: str = typer.Option("", help="comma-separated fit-set sizes in trajectories (default: the whole fit side)"),
     lams: str = typer.Option("1", help="comma-separated target lambdas (1: Monte-Carlo returns; < 1: TD(lambda))"),
+    head_fits: str = typer.Option("", help="comma-separated value-head starts: ridge, none (default: the config's)"),
     override: list[str] = typer.Option(
         [], "--set", help="key=value on the config (repeatable), e.g. model.path=RUN/01_sft/final/actor"
     ),
@@ -107,7 +108,7 @@ def value_fit(
             config=config, rollouts=rollouts, out=Path(out), clips=tuple(float(x) for x in _csv(clips)),
             lrs=tuple(float(x) for x in _csv(lrs)), epochs=epochs, holdout=holdout, held_out=held_out,
             sizes=tuple(int(x) for x in _csv(sizes)), lams=tuple(float(x) for x in _csv(lams)),
-            overrides=tuple(override),
+            head_fits=tuple(_csv(head_fits)), overrides=tuple(override),
         ),
         echo=typer.echo,
     )  # fmt: skip

@@ -99,13 +99,20 @@ class ValueModel(nn.Module):
     def forward(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor | None = None
     ) -> torch.Tensor:
-        out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
         # The head runs in float32 whatever its storage: DeepSpeed's bf16 mode casts every parameter (this head
         # too) to bfloat16 in deepspeed.initialize, and a bf16 output would round values to ~3 digits, losing the
         # small differences GAE depends on. (Its master weights stay float32 in DeepSpeed's optimizer.)
         w, b = self.value_head.weight, self.value_head.bias
-        values = torch.nn.functional.linear(out.last_hidden_state.float(), w.float(), b.float())
-        return values.squeeze(-1)
+        feats = self.features(input_ids, attention_mask, position_ids)
+        return torch.nn.functional.linear(feats, w.float(), b.float()).squeeze(-1)
+
+    def features(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """``[B, T, H]`` float32: what the head reads, the backbone's last hidden state at every token."""
+        out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
+        hidden: torch.Tensor = out.last_hidden_state
+        return hidden.float()
 
     def save(self, out_dir: str | Path, state: dict[str, torch.Tensor] | None = None) -> None:
         """Write the backbone (HF format) and the head (safetensors) so ``critic.init`` can load it."""

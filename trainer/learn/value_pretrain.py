@@ -27,7 +27,7 @@ from sao.trainer.config import Config, ConfigError, load_config
 from sao.trainer.learn.batch import Batch, collate, shard_batch, token_scale
 from sao.trainer.learn.deepspeed_engine import grad_accum_steps, make_engine
 from sao.trainer.learn.learner import critic_step
-from sao.trainer.learn.models import shifted_values
+from sao.trainer.learn.models import ValueModel, shifted_values
 from sao.trainer.learn.targets import critic_mask, critic_returns, value_after, value_targets
 
 
@@ -141,6 +141,101 @@ def held_out_ev(critic: Any, held: list[Trajectory], cfg: Config, pad_id: int) -
     return explained_variance_from_sums(dist_utils.all_reduce_sum(parts))
 
 
+HEAD_FIT_FOLDS = 4
+RIDGE_PENALTIES = (1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0, 100.0)
+"""Ridge penalties tried for the head's least-squares fit, relative to the mean diagonal of the features' Gram
+matrix (so the grid fits any hidden size and scale); the cross-validated best is kept."""
+
+
+class HeadStats:
+    """Least-squares sums of the value head's fit, per fold: ``gram`` = X'X and ``cross`` = X'y over the trained
+    positions (``critic_mask``) with a constant column for the bias, ``yy`` = y'y, ``n`` positions; float64."""
+
+    def __init__(self, hidden: int, folds: int) -> None:
+        d = hidden + 1
+        self.gram = torch.zeros(folds, d, d, dtype=torch.float64)
+        self.cross = torch.zeros(folds, d, dtype=torch.float64)
+        self.yy = torch.zeros(folds, dtype=torch.float64)
+        self.n = torch.zeros(folds, dtype=torch.float64)
+
+    def add(self, fold: int, x: torch.Tensor, y: torch.Tensor) -> None:
+        """Rows ``x`` ``[N, H]`` (the features a value is read from) with targets ``y`` ``[N]`` into ``fold``."""
+        xb = torch.cat([x.double(), torch.ones(x.shape[0], 1, dtype=torch.float64)], dim=1)
+        self.gram[fold] += xb.T @ xb
+        self.cross[fold] += xb.T @ y.double()
+        self.yy[fold] += (y.double() ** 2).sum()
+        self.n[fold] += x.shape[0]
+
+
+def _ridge_solve(gram: torch.Tensor, cross: torch.Tensor, penalty: float) -> torch.Tensor:
+    d = gram.shape[0]
+    reg = torch.eye(d, dtype=gram.dtype) * penalty
+    reg[-1, -1] = 0.0  # the bias is not shrunk
+    out: torch.Tensor = torch.linalg.solve(gram + reg, cross)
+    return out
+
+
+def ridge_head(stats: HeadStats, penalties: tuple[float, ...] = RIDGE_PENALTIES) -> dict[str, Any]:
+    """The value head that least squares on the frozen features gives, its ridge penalty chosen by K-fold cross
+    validation over whole batches of episodes (each fold's error from the others' fit), then refitted on all the
+    data. Returns ``weight`` ``[H]``, ``bias``, the chosen relative ``penalty``, and per-position squared errors:
+    ``cv_mse`` (the chosen penalty's, out of fold) and ``mean_mse`` (a constant, each fold's mean from the others)."""
+    gram, cross = stats.gram.sum(0), stats.cross.sum(0)
+    folds = [k for k in range(stats.n.shape[0]) if stats.n[k] > 0]
+    scale = float(torch.diagonal(gram)[:-1].mean())
+
+    def out_of_fold(penalty: float, bias_only: bool) -> float:
+        err = 0.0
+        for k in folds:
+            g, c = gram - stats.gram[k], cross - stats.cross[k]
+            if bias_only:
+                w = torch.zeros_like(c)
+                w[-1] = c[-1] / max(float(g[-1, -1]), 1.0)
+            else:
+                w = _ridge_solve(g, c, penalty)
+            err += float(stats.yy[k] - 2 * w @ stats.cross[k] + w @ stats.gram[k] @ w)
+        return err / max(float(stats.n[folds].sum()), 1.0)
+
+    if len(folds) < 2:
+        raise ValueError("the head fit needs fit episodes in at least two folds; give value pretraining more rollouts")
+    scores = {p: out_of_fold(p * scale, False) for p in penalties}
+    best = min(scores, key=lambda p: scores[p])
+    w = _ridge_solve(gram, cross, best * scale)
+    return {"weight": w[:-1].float(), "bias": float(w[-1]), "penalty": best, "cv_mse": scores[best],
+            "mean_mse": out_of_fold(0.0, True), "cv_mse_by_penalty": scores}  # fmt: skip
+
+
+@torch.no_grad()
+def fit_head(critic: ValueModel, fit: list[Trajectory], cfg: Config, pad_id: int) -> dict[str, Any]:
+    """Set ``critic``'s value head (a plain module, before its engine is built) to the ridge fit of the
+    Monte-Carlo targets on its backbone's features at the positions the critic loss trains (``ridge_head``): a
+    linear probe of the frozen features before any gradient step, so the fit's steps start from a head that
+    already reads what those features hold, not from a random one that only learns the mean in a few dozen steps
+    at a fine-tuning learning rate. Every rank fits on all of ``fit`` (the same head everywhere, no collective)."""
+    bs = cfg.trainer.batch_size
+    stats = HeadStats(int(critic.value_head.in_features), HEAD_FIT_FOLDS)
+    order = list(range(len(fit)))
+    random.Random(cfg.run.seed).shuffle(order)
+    was_training = critic.training
+    critic.eval()
+    try:
+        for j, batch in enumerate(_batches(fit, order, bs)):
+            full = collate(batch, pad_id)
+            micro = shard_batch(full, cfg.deepspeed)
+            for b, ret in zip(micro, _returns(critic, full, micro, cfg), strict=True):
+                h = critic.features(b.input_ids, b.attention_mask, b.position_ids)
+                feats = torch.zeros_like(h)
+                feats[:, 1:] = h[:, :-1]  # the value of the state before token t is read at t - 1 (shifted_values)
+                mk = critic_mask(b)
+                stats.add(j % HEAD_FIT_FOLDS, feats[mk], ret[mk])
+    finally:
+        critic.train(was_training)
+    res = ridge_head(stats)
+    critic.value_head.weight.copy_(res.pop("weight")[None, :].to(critic.value_head.weight))
+    critic.value_head.bias.fill_(res["bias"])
+    return res
+
+
 def _ev_text(ev: float) -> str:
     """An explained variance for a progress line; NaN means every return was equal (no variance to explain)."""
     return "n/a (every return equal)" if math.isnan(ev) else f"{ev:.3f}"
@@ -166,8 +261,18 @@ def fit_critic(
     del actor
     bs, mb = cfg.trainer.batch_size, cfg.deepspeed.micro_batch_size
     grad_accum = grad_accum_steps(bs, mb)
+    ev_before = held_out_ev(critic_model, held, cfg, pad_id)
+    head: dict[str, Any] = {}
+    if cfg.pretrain_value.head_fit == "ridge" and fit:
+        head = fit_head(critic_model, fit, cfg, pad_id)
+        head["held_out_ev"] = held_out_ev(critic_model, held, cfg, pad_id)
+        if dist_utils.rank() == 0:
+            say(
+                f"value head fit (ridge, penalty {head['penalty']:g}): out-of-fold squared error "
+                f"{head['cv_mse']:.4f} vs {head['mean_mse']:.4f} for a constant "
+                f"(held out {_ev_text(head['held_out_ev'])})"
+            )
     critic = make_engine(critic_model, cfg, grad_accum, lr, cfg.critic.weight_decay, clip=cfg.critic.gradient_clipping)
-    ev_before = held_out_ev(critic, held, cfg, pad_id)
     rng = random.Random(cfg.run.seed)
     loss, ev, steps = float("nan"), float("nan"), 0
     curve: list[dict[str, float]] = []
@@ -215,4 +320,5 @@ def fit_critic(
         "held_out_ev_before": ev_before,
         "held_out_ev_after": curve[-1]["held_out_ev"] if curve else float("nan"),
         "curve": curve,
+        "head_fit": head or None,
     }

@@ -95,3 +95,28 @@ def test_fit_critic_reports_held_out_explained_variance_above_zero(
     assert res["held_out_ev_after"] > 0.5, res["curve"]
     assert res["critic_steps"] == 6 * (36 // 8)  # whole batches only
     assert (tmp_path / "value_init" / "value_head.safetensors").exists()
+
+
+def test_fit_critic_ridge_head_reads_the_frozen_features_before_any_step(
+    tmp_path: Path, deepspeed_env: dict[str, str]
+) -> None:
+    """``pretrain_value.head_fit: ridge``: the head fitted by least squares on the critic's features before the
+    gradient steps already predicts held-out returns that a random head cannot; ``none`` leaves the random head."""
+    from sao.trainer.config import config_from_dict
+    from sao.trainer.learn.value_pretrain import fit_critic, split_by_task
+
+    def cfg(head: str) -> Any:
+        return config_from_dict({"run": {"dir": str(tmp_path / "run")}, "model": {"path": "tiny:llama"},
+                                 "critic": {"lr": 1e-5}, "trainer": {"batch_size": 8},
+                                 "pretrain_value": {"head_fit": head},
+                                 "deepspeed": {"micro_batch_size": 8}})  # fmt: skip
+
+    fit, held = split_by_task(_marked_trajectories(48), 0.25, seed=0)
+    ridge = fit_critic(cfg("ridge"), fit, held, epochs=1, lr=1e-5, out=tmp_path / "ridge")
+    plain = fit_critic(cfg("none"), fit, held, epochs=1, lr=1e-5, out=tmp_path / "none")
+    head = ridge["head_fit"]
+    assert plain["head_fit"] is None
+    assert ridge["held_out_ev_before"] == pytest.approx(plain["held_out_ev_before"])  # the same random head first
+    assert head["held_out_ev"] > 0.5 > plain["held_out_ev_after"], (head, plain["curve"])
+    assert head["cv_mse"] < head["mean_mse"]  # out of fold, the features beat a constant
+    assert ridge["held_out_ev_after"] > 0.5
