@@ -177,7 +177,7 @@ def _ridge_solve(gram: torch.Tensor, cross: torch.Tensor, penalty: float) -> tor
 
 def ridge_head(stats: HeadStats, penalties: tuple[float, ...] = RIDGE_PENALTIES) -> dict[str, Any]:
     """The value head that least squares on the frozen features gives, its ridge penalty chosen by K-fold cross
-    validation over whole batches of episodes (each fold's error from the others' fit), then refitted on all the
+    validation over episodes (each fold's error from the others' fit), then refitted on all the
     data. Returns ``weight`` ``[H]``, ``bias``, the chosen relative ``penalty``, and per-position squared errors:
     ``cv_mse`` (the chosen penalty's, out of fold) and ``mean_mse`` (a constant, each fold's mean from the others)."""
     gram, cross = stats.gram.sum(0), stats.cross.sum(0)
@@ -208,26 +208,27 @@ def ridge_head(stats: HeadStats, penalties: tuple[float, ...] = RIDGE_PENALTIES)
 @torch.no_grad()
 def fit_head(critic: ValueModel, fit: list[Trajectory], cfg: Config, pad_id: int) -> dict[str, Any]:
     """Set ``critic``'s value head (a plain module, before its engine is built) to the ridge fit of the
-    Monte-Carlo targets on its backbone's features at the positions the critic loss trains (``ridge_head``): a
-    linear probe of the frozen features before any gradient step, so the fit's steps start from a head that
-    already reads what those features hold, not from a random one that only learns the mean in a few dozen steps
-    at a fine-tuning learning rate. Every rank fits on all of ``fit`` (the same head everywhere, no collective)."""
-    bs = cfg.trainer.batch_size
+    Monte-Carlo targets on its backbone's features at the positions the critic loss trains (``ridge_head``; the
+    folds are episodes in turn): a linear probe of the frozen features before any gradient step, so the fit's steps
+    start from a head that already reads what those features hold, not from a random one that learns little more
+    than the mean in a few dozen steps at a fine-tuning learning rate. Every rank reads all of ``fit``, one row at
+    a time (the same head everywhere, no collective)."""
     stats = HeadStats(int(critic.value_head.in_features), HEAD_FIT_FOLDS)
     order = list(range(len(fit)))
     random.Random(cfg.run.seed).shuffle(order)
     was_training = critic.training
     critic.eval()
+    dev = dist_utils.device()
     try:
-        for j, batch in enumerate(_batches(fit, order, bs)):
-            full = collate(batch, pad_id)
-            micro = shard_batch(full, cfg.deepspeed)
-            for b, ret in zip(micro, _returns(critic, full, micro, cfg), strict=True):
+        for i, j in enumerate(order):
+            full = collate([fit[j]], pad_id)
+            rows = [full.rows([r]).columns(n).to(dev) for r, n in enumerate(full.lengths)]
+            for b, ret in zip(rows, _returns(critic, full, rows, cfg), strict=True):
                 h = critic.features(b.input_ids, b.attention_mask, b.position_ids)
                 feats = torch.zeros_like(h)
                 feats[:, 1:] = h[:, :-1]  # the value of the state before token t is read at t - 1 (shifted_values)
                 mk = critic_mask(b)
-                stats.add(j % HEAD_FIT_FOLDS, feats[mk], ret[mk])
+                stats.add(i % HEAD_FIT_FOLDS, feats[mk].cpu(), ret[mk].cpu())
     finally:
         critic.train(was_training)
     res = ridge_head(stats)
@@ -263,7 +264,7 @@ def fit_critic(
     grad_accum = grad_accum_steps(bs, mb)
     ev_before = held_out_ev(critic_model, held, cfg, pad_id)
     head: dict[str, Any] = {}
-    if cfg.pretrain_value.head_fit == "ridge" and fit:
+    if cfg.pretrain_value.head_fit == "ridge" and len(fit) >= 2:  # the penalty is chosen out of fold
         head = fit_head(critic_model, fit, cfg, pad_id)
         head["held_out_ev"] = held_out_ev(critic_model, held, cfg, pad_id)
         if dist_utils.rank() == 0:
