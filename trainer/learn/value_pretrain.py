@@ -242,6 +242,23 @@ def _ev_text(ev: float) -> str:
     return "n/a (every return equal)" if math.isnan(ev) else f"{ev:.3f}"
 
 
+def _start_head(
+    critic: ValueModel, fit: list[Trajectory], held: list[Trajectory], cfg: Config, pad_id: int
+) -> dict[str, Any]:
+    """``pretrain_value.head_fit: ridge``: ``fit_head`` and the held-out explained variance it reaches before any
+    gradient step (empty under ``none``, or under 2 fit episodes: the penalty is chosen out of fold)."""
+    if cfg.pretrain_value.head_fit != "ridge" or len(fit) < 2:
+        return {}
+    head = fit_head(critic, fit, cfg, pad_id)
+    head["held_out_ev"] = held_out_ev(critic, held, cfg, pad_id)
+    if dist_utils.rank() == 0:
+        say(
+            f"value head fit (ridge, penalty {head['penalty']:g}): out-of-fold squared error {head['cv_mse']:.4f} "
+            f"vs {head['mean_mse']:.4f} for a constant (held out {_ev_text(head['held_out_ev'])})"
+        )
+    return head
+
+
 def fit_critic(
     cfg: Config, fit: list[Trajectory], held: list[Trajectory], epochs: int, lr: float, out: Path, lam: float = 1.0
 ) -> dict[str, Any]:
@@ -263,16 +280,7 @@ def fit_critic(
     bs, mb = cfg.trainer.batch_size, cfg.deepspeed.micro_batch_size
     grad_accum = grad_accum_steps(bs, mb)
     ev_before = held_out_ev(critic_model, held, cfg, pad_id)
-    head: dict[str, Any] = {}
-    if cfg.pretrain_value.head_fit == "ridge" and len(fit) >= 2:  # the penalty is chosen out of fold
-        head = fit_head(critic_model, fit, cfg, pad_id)
-        head["held_out_ev"] = held_out_ev(critic_model, held, cfg, pad_id)
-        if dist_utils.rank() == 0:
-            say(
-                f"value head fit (ridge, penalty {head['penalty']:g}): out-of-fold squared error "
-                f"{head['cv_mse']:.4f} vs {head['mean_mse']:.4f} for a constant "
-                f"(held out {_ev_text(head['held_out_ev'])})"
-            )
+    head = _start_head(critic_model, fit, held, cfg, pad_id)
     critic = make_engine(critic_model, cfg, grad_accum, lr, cfg.critic.weight_decay, clip=cfg.critic.gradient_clipping)
     rng = random.Random(cfg.run.seed)
     loss, ev, steps = float("nan"), float("nan"), 0
