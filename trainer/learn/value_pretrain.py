@@ -5,7 +5,8 @@ or a parquet file written by ``sao.agent.records_arrow.write_parquet``; infra er
 RL's critic targets at lambda = 1 (``sao.trainer.learn.targets.value_targets``, the run's estimator on zero values):
 the discounted reward-to-go, and on an episode whose return is incomplete (a cut nothing graded) plus the discounted
 value the critic gives the state after its last token, the one end-of-episode rule RL follows. Runs ``epochs``
-passes of the value loss on DeepSpeed and writes a critic checkpoint that ``critic.init`` accepts.
+passes of the value loss on DeepSpeed and writes a critic checkpoint that ``critic.init`` accepts. Before those
+passes the value head is set by ridge regression on the critic's features (``pretrain_value.head_fit``, ``fit_head``).
 """
 
 from __future__ import annotations
@@ -279,6 +280,7 @@ def fit_critic(
     del actor
     bs, mb = cfg.trainer.batch_size, cfg.deepspeed.micro_batch_size
     grad_accum = grad_accum_steps(bs, mb)
+    critic_model.to(dist_utils.device())  # (the engine would move it; the head fit reads it before)
     ev_before = held_out_ev(critic_model, held, cfg, pad_id)
     head = _start_head(critic_model, fit, held, cfg, pad_id)
     critic = make_engine(critic_model, cfg, grad_accum, lr, cfg.critic.weight_decay, clip=cfg.critic.gradient_clipping)
