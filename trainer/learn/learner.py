@@ -51,7 +51,14 @@ from sao.trainer.config import Config, ConfigError
 from sao.trainer.learn.batch import Batch, collate, micro_batch_rows, shard_batch, shard_like, token_scale
 from sao.trainer.learn.deepspeed_engine import full_grad_norm, grad_accum_steps, make_engine, mark_boundary, plain_grads
 from sao.trainer.learn.models import shifted_values
-from sao.trainer.learn.targets import critic_mask, critic_returns, gae_inputs, value_after, value_targets
+from sao.trainer.learn.targets import (
+    critic_returns,
+    gae_inputs,
+    turn_values,
+    value_after,
+    value_mask,
+    value_targets,
+)
 from sao.trainer.learn.token_records import RowTokens, TokenProbe
 
 # Rows of the LM head computed at a time for logprobs: 1,024 x V float32 is 200 MB at SmolLM2's 49k vocabulary,
@@ -100,6 +107,7 @@ class Learner:
         self.grad_accum = grad_accum_steps(t.batch_size, cfg.deepspeed.micro_batch_size)
         self.adv_fn = get_advantage(cfg.advantage_estimator)
         self.adv_traits = advantage_traits(cfg.advantage_estimator)
+        self._turn_values = cfg.critic.value_positions == "turn" and not self.adv_traits.token_level
         self.loss_fn = get_policy_loss(self.spec.policy_loss)
         self.loss_traits = policy_loss_traits(self.spec.policy_loss)
         # the DIS band (trainer.dis_band) for losses that mask by it, else the PPO trust region
@@ -142,11 +150,15 @@ class Learner:
         tokens, 0 elsewhere, detached; ``value_after`` ``[B]``)."""
         assert self.critic is not None
         raw = self.critic(b.input_ids, b.attention_mask, b.position_ids)
-        return raw, torch.where(b.response_mask, shifted_values(raw.detach()), 0.0), value_after(raw, b)
+        v = torch.where(b.response_mask, shifted_values(raw.detach()), 0.0)
+        if self._turn_values:  # ``critic.value_positions: turn``: each action token takes its turn start's value
+            v = turn_values(v, b)
+        return raw, v, value_after(raw, b)
 
     def _value_masks(self, micro: list[Batch]) -> list[torch.Tensor]:
         """The tokens whose values the critic loss trains, per micro batch."""
-        return [b.response_mask if self.adv_traits.token_level else critic_mask(b) for b in micro]
+        positions = self.cfg.critic.value_positions
+        return [b.response_mask if self.adv_traits.token_level else value_mask(b, positions) for b in micro]
 
     # -- the step --------------------------------------------------------------------------------------------
     def train_step(

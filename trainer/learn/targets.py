@@ -46,6 +46,37 @@ def critic_mask(b: Batch) -> torch.Tensor:
     return b.action_mask | after_action(b)
 
 
+def turn_start(b: Batch) -> torch.Tensor:
+    """``[B, T]`` bool: the first token of each run of action tokens, whose shifted value is the state where the
+    turn begins (after the prompt or an observation: what the policy decides the turn from)."""
+    a = b.action_mask
+    out = a.clone()
+    out[:, 1:] = a[:, 1:] & ~a[:, :-1]
+    return out
+
+
+def value_mask(b: Batch, positions: str = "token") -> torch.Tensor:
+    """``[B, T]`` bool: the shifted values the critic loss trains under ``critic.value_positions``: ``token``
+    (``critic_mask``) or ``turn`` (each turn's start and the state after its action, both states a bootstrap or the
+    next turn reads)."""
+    if positions == "token":
+        return critic_mask(b)
+    if positions == "turn":
+        return turn_start(b) | after_action(b)
+    raise ValueError(f"critic.value_positions: unknown {positions!r}; use token or turn")
+
+
+def turn_values(values: torch.Tensor, b: Batch) -> torch.Tensor:
+    """``values`` (``[B, T]`` shifted) with every action token's value replaced by its turn start's (``turn``
+    positions: one value per turn, so every token of a turn is credited against the state it was decided from);
+    positions outside the actions keep theirs."""
+    a = b.action_mask.to(values.device)
+    start = turn_start(b).to(values.device)
+    pos = torch.arange(a.shape[1], device=values.device).expand_as(a)
+    last_start = torch.cummax(torch.where(start, pos, 0), dim=1).values
+    return torch.where(a, values.gather(1, last_start), values)
+
+
 def critic_returns(b: Batch, returns: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
     """``returns`` (``[B, T]``, the estimator's, on action tokens) with the after-action positions filled: the
     return of the row's next action token (the first of the next turn), or ``after`` (``value_after``: 0 where the

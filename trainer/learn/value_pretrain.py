@@ -29,7 +29,7 @@ from sao.trainer.learn.batch import Batch, collate, shard_batch, token_scale
 from sao.trainer.learn.deepspeed_engine import grad_accum_steps, make_engine
 from sao.trainer.learn.learner import critic_step
 from sao.trainer.learn.models import ValueModel, shifted_values
-from sao.trainer.learn.targets import critic_mask, critic_returns, value_after, value_targets
+from sao.trainer.learn.targets import critic_returns, turn_values, value_after, value_mask, value_targets
 
 
 def read_rollouts(path: str | Path) -> list[Trajectory]:
@@ -116,6 +116,8 @@ def _returns(critic: Any, full: Batch, micro: list[Batch], cfg: Config, lam: flo
             after = value_after(raw, b)
             if lam < 1.0:
                 values = shifted_values(raw).detach().float()
+                if cfg.critic.value_positions == "turn":
+                    values = turn_values(values, b)
         out.append(critic_returns(b, value_targets(fn, b, values, after, cfg.trainer.gamma, lam), after))
     return out
 
@@ -137,7 +139,9 @@ def held_out_ev(critic: Any, held: list[Trajectory], cfg: Config, pad_id: int) -
         micro = shard_batch(full, cfg.deepspeed)
         vals = [shifted_values(critic(b.input_ids, b.attention_mask, b.position_ids)) for b in micro]
         rets = _returns(critic, full, micro, cfg)
-        for i, x in enumerate(explained_variance_sums(vals, rets, [critic_mask(b) for b in micro])):
+        for i, x in enumerate(
+            explained_variance_sums(vals, rets, [value_mask(b, cfg.critic.value_positions) for b in micro])
+        ):
             parts[i] += x
     return explained_variance_from_sums(dist_utils.all_reduce_sum(parts))
 
@@ -150,7 +154,7 @@ matrix (so the grid fits any hidden size and scale); the cross-validated best is
 
 class HeadStats:
     """Least-squares sums of the value head's fit, per fold: ``gram`` = X'X and ``cross`` = X'y over the trained
-    positions (``critic_mask``) with a constant column for the bias, ``yy`` = y'y, ``n`` positions; float64."""
+    positions (``value_mask``) with a constant column for the bias, ``yy`` = y'y, ``n`` positions; float64."""
 
     def __init__(self, hidden: int, folds: int) -> None:
         d = hidden + 1
@@ -228,7 +232,7 @@ def fit_head(critic: ValueModel, fit: list[Trajectory], cfg: Config, pad_id: int
                 h = critic.features(b.input_ids, b.attention_mask, b.position_ids)
                 feats = torch.zeros_like(h)
                 feats[:, 1:] = h[:, :-1]  # the value of the state before token t is read at t - 1 (shifted_values)
-                mk = critic_mask(b)
+                mk = value_mask(b, cfg.critic.value_positions)
                 stats.add(i % HEAD_FIT_FOLDS, feats[mk].cpu(), ret[mk].cpu())
     finally:
         critic.train(was_training)
@@ -297,7 +301,7 @@ def fit_critic(
             for batch in _batches(fit, order, bs):
                 full = collate(batch, pad_id)
                 micro = shard_batch(full, cfg.deepspeed)
-                masks = [critic_mask(b) for b in micro]
+                masks = [value_mask(b, cfg.critic.value_positions) for b in micro]
                 rets = _returns(critic, full, micro, cfg, lam)
                 n_total, scale = token_scale(masks, grad_accum)
                 values: list[torch.Tensor] = []

@@ -25,16 +25,17 @@ LEVEL_NONE = "all"
 
 @torch.no_grad()
 def first_action_values(
-    critic: Any, trajs: list[Trajectory], pad_id: int, batch_size: int = 8, gamma: float = 1.0
+    critic: Any, trajs: list[Trajectory], pad_id: int, batch_size: int = 8, gamma: float = 1.0, positions: str = "token"
 ) -> tuple[list[float], float]:
     """The critic's value at each trajectory's first action token (the state after the prompt), in order, and its
     explained variance over every action token against the Monte-Carlo returns (lambda = 1, skip-observation: what
-    value pretraining fits and reports), from one forward per batch."""
+    value pretraining fits and reports), from one forward per batch. ``positions`` (``critic.value_positions``):
+    under ``turn`` each action token is read at its turn's start, as RL reads it."""
     from sao.trainer.algos.losses import explained_variance_from_sums, explained_variance_sums
     from sao.trainer.algos.registry import get_advantage
     from sao.trainer.learn.batch import collate
     from sao.trainer.learn.models import shifted_values
-    from sao.trainer.learn.targets import value_after, value_targets
+    from sao.trainer.learn.targets import turn_values, value_after, value_targets
 
     returns_of = get_advantage("skip_obs_gae")
     out: list[float] = []
@@ -43,6 +44,8 @@ def first_action_values(
         b = collate(trajs[s : s + batch_size], pad_id)
         raw = critic(b.input_ids, b.attention_mask, b.position_ids).float()
         values = shifted_values(raw)
+        if positions == "turn":
+            values = turn_values(values, b)
         returns = value_targets(returns_of, b, torch.zeros_like(b.rewards), value_after(raw, b), gamma, 1.0)
         sums = [x + y for x, y in zip(sums, explained_variance_sums([values], [returns], [b.action_mask]), strict=True)]
         for r in range(values.shape[0]):
@@ -95,7 +98,9 @@ def probe_critic(cfg: Config, critic_init: str, trajs: list[Trajectory]) -> dict
     actor = load_actor(c)
     critic = load_critic(c, actor).eval()
     del actor
-    values, ev = first_action_values(critic, trajs, pad_id, c.trainer.batch_size, c.trainer.gamma)
+    values, ev = first_action_values(
+        critic, trajs, pad_id, c.trainer.batch_size, c.trainer.gamma, c.critic.value_positions
+    )
     return {"critic": critic_init, "explained_variance": ev, "by_level": calibration_by_level(trajs, values)}
 
 
