@@ -15,6 +15,7 @@ rollout is then on the fit side, and a task on both sides is an error.
 from __future__ import annotations
 
 import copy
+import math
 import os
 import random
 import time
@@ -47,6 +48,12 @@ class ValueFitConfig:
     """Held-out trajectories from their own file(s) (``a,b``) instead of a ``holdout`` share of ``rollouts``."""
     head_fits: tuple[str, ...] = ()
     """``pretrain_value.head_fit`` values to compare (``ridge``, ``none``; empty: the config's)."""
+    value_positions: tuple[str, ...] = ()
+    """``critic.value_positions`` to compare (``token``, ``turn``; empty: the config's)."""
+    probe: bool = False
+    """Probe each fitted critic on the held-out trajectories (``sao.trainer.runs.critic_probe``): the explained
+    variance of the values the advantages read over every action token, and the value at the first action per
+    level: one figure every row shares, whatever positions its fit trained."""
 
 
 def _sizes(vc: ValueFitConfig, n_fit: int) -> list[int]:
@@ -89,24 +96,31 @@ def run(vc: ValueFitConfig, echo: Any = print) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     load0 = os.getloadavg()[0]
     heads = vc.head_fits or (cfg.pretrain_value.head_fit,)
+    positions = vc.value_positions or (cfg.critic.value_positions,)
     grid = [
-        (n, lam, lr, clip, head)
+        (n, lam, lr, clip, head, pos)
         for n in _sizes(vc, len(fit)) for lam in vc.lams for lr in lrs for clip in vc.clips for head in heads
+        for pos in positions
     ]  # fmt: skip
-    for size, lam, lr, clip, head in grid:
+    for size, lam, lr, clip, head, pos in grid:
         c = copy.deepcopy(cfg)
         c.critic.gradient_clipping = clip
         c.pretrain_value.head_fit = head
+        c.critic.value_positions = pos
         c.validate()
         t0 = time.perf_counter()
-        where = vc.out / f"critic_n{size}_lam{lam:g}_lr{lr:g}_clip{clip:g}_head-{head}"
+        where = vc.out / f"critic_n{size}_lam{lam:g}_lr{lr:g}_clip{clip:g}_head-{head}_at-{pos}"
         res = fit_critic(c, fit[:size], held, vc.epochs, lr, where, lam=lam)
-        rows.append({"size": size, "lam": lam, "lr": lr, "clip": clip, "head": head,
-                     "wall_s": time.perf_counter() - t0, **res})  # fmt: skip
+        row = {"size": size, "lam": lam, "lr": lr, "clip": clip, "head": head, "positions": pos, **res}
+        if vc.probe:
+            from sao.trainer.runs.critic_probe import probe_critic
+
+            row["probe"] = probe_critic(c, str(where), held)
+        rows.append({**row, "wall_s": time.perf_counter() - t0})
         echo(
-            f"{size} rollouts, lambda {lam:g}, lr {lr:g} clip {clip:g}, head {head}: held-out EV "
+            f"{size} rollouts, lambda {lam:g}, lr {lr:g} clip {clip:g}, head {head}, at {pos}: held-out EV "
             f"{res['held_out_ev_before']:.3f} -> {_start_ev(res):.3f} (head fit) -> {res['held_out_ev_after']:.3f}, "
-            f"grad norm {res['curve'][-1]['grad_norm']:.2f}"
+            f"grad norm {_last_grad_norm(res):.2f}" + (f"; probe {_probe_text(row['probe'])}" if vc.probe else "")
         )
     doc = {
         "config": vc.config, "rollouts": vc.rollouts, "held_out_file": vc.held_out or None,
@@ -127,20 +141,37 @@ def _start_ev(row: dict[str, Any]) -> float:
     return float(head.get("held_out_ev", row["held_out_ev_before"]))
 
 
+def _last_grad_norm(row: dict[str, Any]) -> float:
+    """The last epoch's mean gradient norm; NaN for a fit of 0 epochs (the head fit alone)."""
+    return float(row["curve"][-1]["grad_norm"]) if row["curve"] else math.nan
+
+
+def _probe_text(probe: dict[str, Any] | None) -> str:
+    """The probe's figures for a table cell: EV over the action tokens, at the first action, V0 by level."""
+    if not probe:
+        return "-"
+    by = probe["by_level"]
+    levels = " / ".join(f"{by[k]['mean_value']:.2f}" for k in sorted(by) if k != "overall")
+    return (
+        f"EV {probe['explained_variance']:.3f}, first action {by['overall']['first_action_ev']:.3f}, "
+        f"V0 by level {levels}"
+    )
+
+
 def table(doc: dict[str, Any]) -> str:
     lines = [
         f"value fit on {doc['fit']} rollouts, {doc['held_out']} held out (load {doc['load_avg_start']:.1f} -> "
         f"{doc['load_avg_end']:.1f})",
-        "| fit rollouts | target lambda | critic lr | grad clip | head fit | held-out EV before | after the head fit "
-        "| held-out EV after | grad norm (last epoch) | wall s |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| fit rollouts | target lambda | critic lr | grad clip | head fit | value positions | held-out EV before "
+        "| after the head fit | held-out EV after | grad norm (last epoch) | probe (held out) | wall s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in doc["rows"]:
         lines.append(
             f"| {r.get('size', doc['fit'])} | {r.get('lam', 1.0):g} | {r['lr']:g} | {r['clip']:g} | "
-            f"{r.get('head', 'none')} | {r['held_out_ev_before']:.3f} | {_start_ev(r):.3f} | "
-            f"{r['held_out_ev_after']:.3f} | "
-            f"{r['curve'][-1]['grad_norm']:.2f} | {r['wall_s']:.0f} |"
+            f"{r.get('head', 'none')} | {r.get('positions', 'token')} | {r['held_out_ev_before']:.3f} | "
+            f"{_start_ev(r):.3f} | {r['held_out_ev_after']:.3f} | {_last_grad_norm(r):.2f} | "
+            f"{_probe_text(r.get('probe'))} | {r['wall_s']:.0f} |"
         )
     return "\n".join(lines)
 
@@ -154,7 +185,10 @@ def plot(doc: dict[str, Any], out: Path) -> None:
     fig, ax = plt.subplots(1, 2, figsize=(9, 3.4))
     for r in doc["rows"]:
         size, lam = r.get("size", doc["fit"]), r.get("lam", 1.0)
-        label = f"{size} rollouts, lambda {lam:g}, lr {r['lr']:g}, clip {r['clip']:g}, head {r.get('head', 'none')}"
+        label = (
+            f"{size} rollouts, lambda {lam:g}, lr {r['lr']:g}, clip {r['clip']:g}, head {r.get('head', 'none')}, "
+            f"at {r.get('positions', 'token')}"
+        )
         epochs = [0] + [c["epoch"] for c in r["curve"]]
         ax[0].plot(epochs, [_start_ev(r)] + [c["held_out_ev"] for c in r["curve"]], marker=".", label=label)
         ax[1].plot([c["epoch"] for c in r["curve"]], [c["grad_norm"] for c in r["curve"]], marker=".", label=label)

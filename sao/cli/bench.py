@@ -95,6 +95,12 @@ def value_fit(
     sizes: str = typer.Option("", help="comma-separated fit-set sizes in trajectories (default: the whole fit side)"),
     lams: str = typer.Option("1", help="comma-separated target lambdas (1: Monte-Carlo returns; < 1: TD(lambda))"),
     head_fits: str = typer.Option("", help="comma-separated value-head starts: ridge, none (default: the config's)"),
+    value_positions: str = typer.Option(
+        "", help="comma-separated critic.value_positions: token, turn (default: the config's)"
+    ),
+    probe: bool = typer.Option(
+        False, help="probe each critic on the held-out episodes: EV over action tokens, first-action value by level"
+    ),
     override: list[str] = typer.Option(
         [], "--set", help="key=value on the config (repeatable), e.g. model.path=RUN/01_sft/final/actor"
     ),
@@ -108,7 +114,8 @@ def value_fit(
             config=config, rollouts=rollouts, out=Path(out), clips=tuple(float(x) for x in _csv(clips)),
             lrs=tuple(float(x) for x in _csv(lrs)), epochs=epochs, holdout=holdout, held_out=held_out,
             sizes=tuple(int(x) for x in _csv(sizes)), lams=tuple(float(x) for x in _csv(lams)),
-            head_fits=tuple(_csv(head_fits)), overrides=tuple(override),
+            head_fits=tuple(_csv(head_fits)), value_positions=tuple(_csv(value_positions)), probe=probe,
+            overrides=tuple(override),
         ),
         echo=typer.echo,
     )  # fmt: skip

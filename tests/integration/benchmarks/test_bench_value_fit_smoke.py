@@ -90,3 +90,24 @@ def test_value_fit_held_out_file_keeps_every_rollout_on_the_fit_side_and_refuses
     bad = ValueFitConfig("unused.yaml", fit_file, tmp_path / "o", held_out=str(tmp_path / "both.jsonl"))
     with pytest.raises(ConfigError, match=f"1 of its tasks are in --rollouts too \\(e.g. '{leak[0].task_id}'\\)"):
         fit_and_held_out(bad, seed=0)
+
+
+def test_value_fit_bench_compares_value_positions_by_one_probe(tmp_path: Path, deepspeed_env: dict[str, str]) -> None:
+    # `--value-positions token,turn --epochs 0 --probe`: the head fit alone at each set of positions, and the probe
+    # (one figure whatever positions a row trained) on the same held-out episodes
+    from sao.benchmarks.bench_value_fit import ValueFitConfig, run, table
+
+    write_jsonl(tmp_path / "rollouts.jsonl", _marked_trajectories(24))
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(yaml.safe_dump({"run": {"dir": str(tmp_path / "run")}, "model": {"path": "tiny:llama"},
+                                   "trainer": {"batch_size": 6}, "deepspeed": {"micro_batch_size": 6}}))  # fmt: skip
+    vc = ValueFitConfig(str(cfg), str(tmp_path / "rollouts.jsonl"), tmp_path / "out", clips=(10.0,), epochs=0,
+                        value_positions=("token", "turn"), probe=True)  # fmt: skip
+    doc = run(vc, echo=print)
+    rows = doc["rows"]
+    assert [r["positions"] for r in rows] == ["token", "turn"] and all(r["curve"] == [] for r in rows)
+    assert rows[0]["head_fit"]["cv_mse"] != rows[1]["head_fit"]["cv_mse"]  # fitted on other positions
+    probes = [r["probe"] for r in rows]
+    assert all(p["by_level"]["overall"]["episodes"] == doc["held_out"] for p in probes)
+    assert probes[0]["explained_variance"] != probes[1]["explained_variance"]
+    assert "| turn |" in table(doc) and (tmp_path / "out" / "value_fit.png").stat().st_size > 0
