@@ -166,6 +166,8 @@ def load_critic(cfg: Config, actor: nn.Module) -> ValueModel:
     critic.value_head.float()  # a bf16 scalar head loses the small value differences GAE depends on
     if cfg.critic.freeze_attention:
         freeze_attention(critic)
+    if not cfg.critic.train_backbone:
+        critic.backbone.requires_grad_(False)
     return critic
 
 

@@ -120,3 +120,27 @@ def test_fit_critic_ridge_head_reads_the_frozen_features_before_any_step(
     assert head["held_out_ev"] > 0.5 > plain["held_out_ev_after"], (head, plain["curve"])
     assert head["cv_mse"] < head["mean_mse"]  # out of fold, the features beat a constant
     assert ridge["held_out_ev_after"] > 0.5
+
+
+def test_a_head_only_critic_trains_its_head_and_leaves_the_backbone_as_it_was(
+    tmp_path: Path, deepspeed_env: dict[str, str]
+) -> None:
+    """``critic.train_backbone: false``: the critic's steps move the value head alone (the written backbone is the
+    actor's, bit for bit), read at turn starts (``critic.value_positions: turn``)."""
+    from sao.trainer.config import config_from_dict
+    from sao.trainer.learn.models import load_actor, load_critic
+    from sao.trainer.learn.value_pretrain import fit_critic, split_by_task
+
+    cfg = config_from_dict({"run": {"dir": str(tmp_path / "run")}, "model": {"path": "tiny:llama"},
+                            "critic": {"lr": 3e-3, "train_backbone": False, "value_positions": "turn"},
+                            "trainer": {"batch_size": 8}, "deepspeed": {"micro_batch_size": 8}})  # fmt: skip
+    fresh = load_critic(cfg, load_actor(cfg))
+    assert [n for n, p in fresh.named_parameters() if p.requires_grad] == ["value_head.weight", "value_head.bias"]
+    fit, held = split_by_task(_marked_trajectories(48), 0.25, seed=0)
+    res = fit_critic(cfg, fit, held, epochs=2, lr=3e-3, out=tmp_path / "value_init")
+    assert res["critic_steps"] == 2 * (36 // 8) and res["head_fit"]["held_out_ev"] > 0.5
+    trained = load_critic(config_from_dict({**cfg.to_dict(), "critic": {"init": str(tmp_path / "value_init")}}),
+                          load_actor(cfg))  # fmt: skip
+    for (name, a), b in zip(fresh.backbone.state_dict().items(), trained.backbone.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name
+    assert res["held_out_ev_after"] != pytest.approx(res["head_fit"]["held_out_ev"])  # the steps moved the head

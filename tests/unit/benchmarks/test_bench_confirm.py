@@ -290,6 +290,7 @@ def test_levels_comparison_has_the_four_arms_from_one_sft_checkpoint_and_probes_
         assert cfg["trainer"].get("length_adaptive_lambda", False) is (name == "sao_lambda")
         # only the sao_turn arm reads its critic at turn starts; the rest at every token
         assert cfg.get("critic", {}).get("value_positions", "token") == ("turn" if name == "sao_turn" else "token")
+        assert cfg.get("critic", {}).get("train_backbone", True) is (name != "sao_turn")
         assert cfg["run"]["total_steps"] * cfg["trainer"]["batch_size"] == 64
         assert {k: v for k, v in cfg["eval"].items() if k != "critic_probe"} == {
             k: v for k, v in shared["eval"].items() if k != "critic_probe"
