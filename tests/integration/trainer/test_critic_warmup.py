@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 pytestmark = [pytest.mark.deepspeed]
 ROOT = Path(__file__).resolve().parents[3]
@@ -101,3 +102,31 @@ def test_the_critic_has_its_own_gradient_clip(deepspeed_env: dict[str, str]) -> 
     learner = Learner(cfg, actor, load_critic(cfg, actor), pad_token_id=0)
     assert learner.actor.gradient_clipping() == 1.0
     assert learner.critic is not None and learner.critic.gradient_clipping() == 7.5
+
+
+def test_a_head_only_turn_critic_steps_through_the_learner(deepspeed_env: dict[str, str]) -> None:
+    # `critic.train_backbone: false` with `value_positions: turn`: a whole SAO step (values, advantages, policy
+    # step, K critic steps) runs, the critic's backbone does not move and its head does
+    from sao.trainer import distributed
+    from sao.trainer.config import config_from_dict
+    from sao.trainer.learn.learner import Learner
+    from sao.trainer.learn.models import load_actor, load_critic
+    from tests.integration.trainer._helpers import synthetic_trajectories
+
+    distributed.init_distributed()
+    cfg = config_from_dict(
+        {
+            "model": {"path": "tiny:llama"},
+            "critic": {"train_backbone": False, "value_positions": "turn", "lr": 1e-2},
+            "trainer": {"batch_size": 4, "critic_updates_per_step": 2},
+            "deepspeed": {"micro_batch_size": 4},
+        }
+    )
+    actor = load_actor(cfg)
+    critic = load_critic(cfg, actor)
+    backbone0 = {k: v.clone() for k, v in critic.backbone.state_dict().items()}
+    head0 = critic.value_head.weight.detach().clone()
+    learner = Learner(cfg, actor, critic, pad_token_id=0)
+    learner.train_step(synthetic_trajectories(actor, 4))
+    assert all(torch.equal(backbone0[k], v) for k, v in critic.backbone.state_dict().items())
+    assert not torch.equal(head0, critic.value_head.weight.detach())
