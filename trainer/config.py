@@ -493,15 +493,6 @@ class Config:
             (t.advantage_std_floor > 0, "trainer.advantage_std_floor must be > 0"),
             (t.warmup_steps >= 0, "trainer.warmup_steps must be >= 0 (0 = no warmup)"),
             (t.critic_warmup_steps >= 0, "trainer.critic_warmup_steps must be >= 0 (0 = no critic-only warm-up)"),
-            (
-                self.critic.gradient_clipping is None or self.critic.gradient_clipping >= 0,
-                "critic.gradient_clipping must be >= 0 (0 disables clipping; null = deepspeed.gradient_clipping)",
-            ),
-            (
-                self.critic.value_positions in VALUE_POSITIONS,
-                f"critic.value_positions: unknown {self.critic.value_positions!r}; use token or turn",
-            ),
-            (self.critic.lr > 0, "critic.lr must be > 0"),
             (t.max_staleness >= 0, "trainer.max_staleness must be >= 0 (0 = fully on-policy)"),
             (t.sync_every >= 1, "trainer.sync_every must be >= 1"),
             (t.group_size >= 1, "trainer.group_size must be >= 1"),
@@ -533,7 +524,8 @@ class Config:
             (self.run.keep_checkpoints >= 1, "run.keep_checkpoints must be >= 1"),
             (self.run.export_every >= 0, "run.export_every must be >= 0 (0 = never)"),
         ]
-        checks += _engine_checks(self) + _harness_checks(self) + _cluster_checks(self) + _stage_checks(self)
+        checks += _critic_checks(self) + _engine_checks(self) + _harness_checks(self) + _cluster_checks(self)
+        checks += _stage_checks(self)
         for ok, msg in checks:
             if not ok:
                 raise ConfigError(msg)
@@ -654,6 +646,21 @@ def _stage_checks(cfg: Config) -> list[tuple[bool, str]]:
         ("pretrain_value" not in cfg.stages or "train" in cfg.stages[cfg.stages.index("pretrain_value"):],
          "stages: pretrain_value warms the critic of a later train stage; put a train stage after it"),
     ]  # fmt: skip
+
+
+def _critic_checks(cfg: Config) -> list[tuple[bool, str]]:
+    c = cfg.critic
+    return [
+        (
+            c.gradient_clipping is None or c.gradient_clipping >= 0,
+            "critic.gradient_clipping must be >= 0 (0 disables clipping; null = deepspeed.gradient_clipping)",
+        ),
+        (
+            c.value_positions in VALUE_POSITIONS,
+            f"critic.value_positions: unknown {c.value_positions!r}; use token or turn",
+        ),
+        (c.lr > 0, "critic.lr must be > 0"),
+    ]
 
 
 def _engine_checks(cfg: Config) -> list[tuple[bool, str]]:
