@@ -98,8 +98,10 @@ class CriticConfig:
     """Where the critic is read and trained: ``token`` (the state before every action token, and after each turn's
     action) or ``turn`` (only the states where a turn begins, after the prompt or an observation, and after each
     turn's action; every action token of a turn takes the value of its turn's start). Measured on the levels job:
-    ridge heads on the same frozen features explain 0.43 of the held-out first-action return variance fitted at turn
-    starts against 0.02 fitted over every token (docs/results.md, "Where the critic reads the level")."""
+    ridge heads on the same frozen features explain 0.38 of the held-out first-action return variance fitted at turn
+    starts against 0.01 fitted over every token; but RL with it (and ``train_backbone: false``) made seed 0's policy
+    worse, -0.125 against SFT: the unbounded head's values left [0, 1] and credited failed turns up
+    (docs/results.md, "Where the critic reads the level"). An ablation, not a default."""
 
 
 @dataclass
