@@ -54,10 +54,10 @@ from sao.trainer.learn.models import shifted_values
 from sao.trainer.learn.targets import (
     critic_returns,
     gae_inputs,
-    turn_values,
     value_after,
     value_mask,
     value_targets,
+    values_as_read,
 )
 from sao.trainer.learn.token_records import RowTokens, TokenProbe
 
@@ -107,7 +107,7 @@ class Learner:
         self.grad_accum = grad_accum_steps(t.batch_size, cfg.deepspeed.micro_batch_size)
         self.adv_fn = get_advantage(cfg.advantage_estimator)
         self.adv_traits = advantage_traits(cfg.advantage_estimator)
-        self._turn_values = cfg.critic.value_positions == "turn" and not self.adv_traits.token_level
+        self._value_positions = "token" if self.adv_traits.token_level else cfg.critic.value_positions
         self.loss_fn = get_policy_loss(self.spec.policy_loss)
         self.loss_traits = policy_loss_traits(self.spec.policy_loss)
         # the DIS band (trainer.dis_band) for losses that mask by it, else the PPO trust region
@@ -150,9 +150,7 @@ class Learner:
         tokens, 0 elsewhere, detached; ``value_after`` ``[B]``)."""
         assert self.critic is not None
         raw = self.critic(b.input_ids, b.attention_mask, b.position_ids)
-        v = torch.where(b.response_mask, shifted_values(raw.detach()), 0.0)
-        if self._turn_values:  # ``critic.value_positions: turn``: each action token takes its turn start's value
-            v = turn_values(v, b)
+        v = values_as_read(torch.where(b.response_mask, shifted_values(raw.detach()), 0.0), b, self._value_positions)
         return raw, v, value_after(raw, b)
 
     def _value_masks(self, micro: list[Batch]) -> list[torch.Tensor]:

@@ -77,6 +77,12 @@ def turn_values(values: torch.Tensor, b: Batch) -> torch.Tensor:
     return torch.where(a, values.gather(1, last_start), values)
 
 
+def values_as_read(values: torch.Tensor, b: Batch, positions: str = "token") -> torch.Tensor:
+    """The shifted values as the advantages read them under ``critic.value_positions``: as they are (``token``) or
+    each action token at its turn start's (``turn``, ``turn_values``)."""
+    return turn_values(values, b) if positions == "turn" else values
+
+
 def critic_returns(b: Batch, returns: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
     """``returns`` (``[B, T]``, the estimator's, on action tokens) with the after-action positions filled: the
     return of the row's next action token (the first of the next turn), or ``after`` (``value_after``: 0 where the

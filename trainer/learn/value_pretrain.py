@@ -29,7 +29,7 @@ from sao.trainer.learn.batch import Batch, collate, shard_batch, token_scale
 from sao.trainer.learn.deepspeed_engine import grad_accum_steps, make_engine
 from sao.trainer.learn.learner import critic_step
 from sao.trainer.learn.models import ValueModel, shifted_values
-from sao.trainer.learn.targets import critic_returns, turn_values, value_after, value_mask, value_targets
+from sao.trainer.learn.targets import critic_returns, value_after, value_mask, value_targets, values_as_read
 
 
 def read_rollouts(path: str | Path) -> list[Trajectory]:
@@ -115,9 +115,7 @@ def _returns(critic: Any, full: Batch, micro: list[Batch], cfg: Config, lam: flo
             raw = critic(b.input_ids, b.attention_mask, b.position_ids)
             after = value_after(raw, b)
             if lam < 1.0:
-                values = shifted_values(raw).detach().float()
-                if cfg.critic.value_positions == "turn":
-                    values = turn_values(values, b)
+                values = values_as_read(shifted_values(raw).detach().float(), b, cfg.critic.value_positions)
         out.append(critic_returns(b, value_targets(fn, b, values, after, cfg.trainer.gamma, lam), after))
     return out
 

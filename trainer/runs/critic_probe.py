@@ -35,7 +35,7 @@ def first_action_values(
     from sao.trainer.algos.registry import get_advantage
     from sao.trainer.learn.batch import collate
     from sao.trainer.learn.models import shifted_values
-    from sao.trainer.learn.targets import turn_values, value_after, value_targets
+    from sao.trainer.learn.targets import value_after, value_targets, values_as_read
 
     returns_of = get_advantage("skip_obs_gae")
     out: list[float] = []
@@ -43,9 +43,7 @@ def first_action_values(
     for s in range(0, len(trajs), batch_size):
         b = collate(trajs[s : s + batch_size], pad_id)
         raw = critic(b.input_ids, b.attention_mask, b.position_ids).float()
-        values = shifted_values(raw)
-        if positions == "turn":
-            values = turn_values(values, b)
+        values = values_as_read(shifted_values(raw), b, positions)
         returns = value_targets(returns_of, b, torch.zeros_like(b.rewards), value_after(raw, b), gamma, 1.0)
         sums = [x + y for x, y in zip(sums, explained_variance_sums([values], [returns], [b.action_mask]), strict=True)]
         for r in range(values.shape[0]):

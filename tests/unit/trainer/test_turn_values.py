@@ -64,7 +64,7 @@ def test_lambda_one_credits_each_turn_against_its_start() -> None:
     # the learner's own path: `_values` broadcasts, `_gae` runs the run's estimator on it
     cfg = load_config(CONFIGS / "toy.yaml", ["trainer.gamma=1.0", "trainer.lam=1.0", "critic.value_positions=turn"])
     b = _batch((1.0, 0.0))
-    stub = SimpleNamespace(critic=lambda ids, mask, pos: raw_critic(b), _turn_values=True)
+    stub = SimpleNamespace(critic=lambda ids, mask, pos: raw_critic(b), _value_positions="turn")
     _, v, after = Learner._values(stub, b)  # type: ignore[arg-type]
     gae_stub = SimpleNamespace(
         cfg=cfg, adv_fn=get_advantage(cfg.advantage_estimator), adv_traits=advantage_traits(cfg.advantage_estimator)
