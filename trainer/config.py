@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -102,6 +103,11 @@ class CriticConfig:
     starts against 0.01 fitted over every token; but RL with it (and ``train_backbone: false``) made seed 0's policy
     worse, -0.125 against SFT: the unbounded head's values left [0, 1] and credited failed turns up
     (docs/results.md, "Where the critic reads the level"). An ablation, not a default."""
+    value_range: list[float] | None = None
+    """``[low, high]``: the values the advantages (and lambda < 1 targets, and the probe) read are clamped to this
+    range, the returns' own (``[0, 1]`` for 0/1 outcome rewards at gamma 1), so no state is valued beyond what any
+    episode can earn and a failed turn is never credited up by a value below the worst return. The critic still
+    trains on its raw output. null: no clamp."""
 
 
 @dataclass
@@ -650,6 +656,10 @@ def _stage_checks(cfg: Config) -> list[tuple[bool, str]]:
     ]  # fmt: skip
 
 
+def _is_low_high(pair: list[float]) -> bool:
+    return len(pair) == 2 and all(math.isfinite(x) for x in pair) and pair[0] < pair[1]
+
+
 def _critic_checks(cfg: Config) -> list[tuple[bool, str]]:
     c = cfg.critic
     return [
@@ -662,6 +672,11 @@ def _critic_checks(cfg: Config) -> list[tuple[bool, str]]:
             f"critic.value_positions: unknown {c.value_positions!r}; use token or turn",
         ),
         (c.lr > 0, "critic.lr must be > 0"),
+        (
+            c.value_range is None or _is_low_high(c.value_range),
+            f"critic.value_range: {c.value_range!r} is not [low, high] with finite low < high; "
+            "use e.g. [0, 1] for 0/1 rewards, or null for no clamp",
+        ),
     ]
 
 

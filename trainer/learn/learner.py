@@ -150,8 +150,10 @@ class Learner:
         tokens, 0 elsewhere, detached; ``value_after`` ``[B]``)."""
         assert self.critic is not None
         raw = self.critic(b.input_ids, b.attention_mask, b.position_ids)
-        v = values_as_read(torch.where(b.response_mask, shifted_values(raw.detach()), 0.0), b, self._value_positions)
-        return raw, v, value_after(raw, b)
+        rng = self.cfg.critic.value_range
+        v = torch.where(b.response_mask, shifted_values(raw.detach()), 0.0)
+        v = values_as_read(v, b, self._value_positions, rng)
+        return raw, v, value_after(raw, b, rng)
 
     def _value_masks(self, micro: list[Batch]) -> list[torch.Tensor]:
         """The tokens whose values the critic loss trains, per micro batch."""

@@ -16,18 +16,23 @@ trains, not one no loss ever reached.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from sao.trainer.algos.registry import AdvantageFn, AdvantageInputs
 from sao.trainer.learn.batch import Batch
 
 
-def value_after(raw_values: torch.Tensor, b: Batch) -> torch.Tensor:
+def value_after(raw_values: torch.Tensor, b: Batch, value_range: Sequence[float] | None = None) -> torch.Tensor:
     """``[B]``: for rows that bootstrap (``b.bootstrap``), the critic's value of the state after the row's last
-    token, i.e. its raw (unshifted) output at that token; 0 on every other row. ``raw_values``: ``[B, T]`` critic
-    outputs before ``shifted_values`` (the shifted tensor has no column for the state after the last token)."""
+    token, i.e. its raw (unshifted) output at that token (clamped to ``value_range``, ``critic.value_range``, where
+    given); 0 on every other row. ``raw_values``: ``[B, T]`` critic outputs before ``shifted_values`` (the shifted
+    tensor has no column for the state after the last token)."""
     last = (b.attention_mask.sum(dim=1) - 1).clamp(min=0).to(raw_values.device)
     v = raw_values.detach().gather(1, last[:, None]).squeeze(1)
+    if value_range is not None:
+        v = v.clamp(value_range[0], value_range[1])
     return torch.where(b.bootstrap.to(v.device), v, torch.zeros_like(v))
 
 
@@ -77,10 +82,16 @@ def turn_values(values: torch.Tensor, b: Batch) -> torch.Tensor:
     return torch.where(a, values.gather(1, last_start), values)
 
 
-def values_as_read(values: torch.Tensor, b: Batch, positions: str = "token") -> torch.Tensor:
+def values_as_read(
+    values: torch.Tensor, b: Batch, positions: str = "token", value_range: Sequence[float] | None = None
+) -> torch.Tensor:
     """The shifted values as the advantages read them under ``critic.value_positions``: as they are (``token``) or
-    each action token at its turn start's (``turn``, ``turn_values``)."""
-    return turn_values(values, b) if positions == "turn" else values
+    each action token at its turn start's (``turn``, ``turn_values``); on the response tokens clamped to
+    ``value_range`` (``critic.value_range``) where given, the rest left as it is."""
+    v = turn_values(values, b) if positions == "turn" else values
+    if value_range is None:
+        return v
+    return torch.where(b.response_mask.to(v.device), v.clamp(value_range[0], value_range[1]), v)
 
 
 def critic_returns(b: Batch, returns: torch.Tensor, after: torch.Tensor) -> torch.Tensor:

@@ -113,9 +113,11 @@ def _returns(critic: Any, full: Batch, micro: list[Batch], cfg: Config, lam: flo
         after, values = torch.zeros(b.shape[0]), torch.zeros_like(b.rewards)
         if bootstraps or lam < 1.0:
             raw = critic(b.input_ids, b.attention_mask, b.position_ids)
-            after = value_after(raw, b)
+            after = value_after(raw, b, cfg.critic.value_range)
             if lam < 1.0:
-                values = values_as_read(shifted_values(raw).detach().float(), b, cfg.critic.value_positions)
+                values = values_as_read(
+                    shifted_values(raw).detach().float(), b, cfg.critic.value_positions, cfg.critic.value_range
+                )
         out.append(critic_returns(b, value_targets(fn, b, values, after, cfg.trainer.gamma, lam), after))
     return out
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,12 +26,19 @@ LEVEL_NONE = "all"
 
 @torch.no_grad()
 def first_action_values(
-    critic: Any, trajs: list[Trajectory], pad_id: int, batch_size: int = 8, gamma: float = 1.0, positions: str = "token"
+    critic: Any,
+    trajs: list[Trajectory],
+    pad_id: int,
+    batch_size: int = 8,
+    gamma: float = 1.0,
+    positions: str = "token",
+    value_range: Sequence[float] | None = None,
 ) -> tuple[list[float], float]:
     """The critic's value at each trajectory's first action token (the state after the prompt), in order, and its
     explained variance over every action token against the Monte-Carlo returns (lambda = 1, skip-observation: what
     value pretraining fits and reports), from one forward per batch. ``positions`` (``critic.value_positions``):
-    under ``turn`` each action token is read at its turn's start, as RL reads it."""
+    under ``turn`` each action token is read at its turn's start, as RL reads it; ``value_range``
+    (``critic.value_range``): clamped as RL reads them."""
     from sao.trainer.algos.losses import explained_variance_from_sums, explained_variance_sums
     from sao.trainer.algos.registry import get_advantage
     from sao.trainer.learn.batch import collate
@@ -43,8 +51,9 @@ def first_action_values(
     for s in range(0, len(trajs), batch_size):
         b = collate(trajs[s : s + batch_size], pad_id)
         raw = critic(b.input_ids, b.attention_mask, b.position_ids).float()
-        values = values_as_read(shifted_values(raw), b, positions)
-        returns = value_targets(returns_of, b, torch.zeros_like(b.rewards), value_after(raw, b), gamma, 1.0)
+        values = values_as_read(shifted_values(raw), b, positions, value_range)
+        after = value_after(raw, b, value_range)
+        returns = value_targets(returns_of, b, torch.zeros_like(b.rewards), after, gamma, 1.0)
         sums = [x + y for x, y in zip(sums, explained_variance_sums([values], [returns], [b.action_mask]), strict=True)]
         for r in range(values.shape[0]):
             out.append(float(values[r, int(b.action_mask[r].nonzero()[0])]))
@@ -97,7 +106,7 @@ def probe_critic(cfg: Config, critic_init: str, trajs: list[Trajectory]) -> dict
     critic = load_critic(c, actor).eval()
     del actor
     values, ev = first_action_values(
-        critic, trajs, pad_id, c.trainer.batch_size, c.trainer.gamma, c.critic.value_positions
+        critic, trajs, pad_id, c.trainer.batch_size, c.trainer.gamma, c.critic.value_positions, c.critic.value_range
     )
     return {"critic": critic_init, "explained_variance": ev, "by_level": calibration_by_level(trajs, values)}
 

@@ -64,7 +64,7 @@ def test_lambda_one_credits_each_turn_against_its_start() -> None:
     # the learner's own path: `_values` broadcasts, `_gae` runs the run's estimator on it
     cfg = load_config(CONFIGS / "toy.yaml", ["trainer.gamma=1.0", "trainer.lam=1.0", "critic.value_positions=turn"])
     b = _batch((1.0, 0.0))
-    stub = SimpleNamespace(critic=lambda ids, mask, pos: raw_critic(b), _value_positions="turn")
+    stub = SimpleNamespace(cfg=cfg, critic=lambda ids, mask, pos: raw_critic(b), _value_positions="turn")
     _, v, after = Learner._values(stub, b)  # type: ignore[arg-type]
     gae_stub = SimpleNamespace(
         cfg=cfg, adv_fn=get_advantage(cfg.advantage_estimator), adv_traits=advantage_traits(cfg.advantage_estimator)
@@ -75,6 +75,35 @@ def test_lambda_one_credits_each_turn_against_its_start() -> None:
         for tok, start in ((2, 2), (3, 2), (5, 5), (6, 5)):
             assert adv[row, tok].item() == pytest.approx(reward - raw_v[row, start].item())
         assert ret[row, 2].item() == pytest.approx(reward)
+
+
+def test_a_value_range_clamps_what_the_advantages_read_so_no_failed_turn_is_credited_up() -> None:
+    # an unbounded head valued states below the worst return and above the best (RL records: -0.21 .. 1.32); with
+    # lambda 1 a failed turn from a state valued -0.3 got +0.3. Clamped to [0, 1]: failed <= 0, solved >= 0.
+    sets = ["trainer.gamma=1.0", "trainer.lam=1.0", "critic.value_positions=turn", "critic.value_range=[0, 1]"]
+    cfg = load_config(CONFIGS / "toy.yaml", sets)
+    b = _batch((1.0, 0.0))
+    out = torch.tensor([[-0.3, -0.3, -0.3, -0.3, 1.4, 0.2, 0.2, 0.9, 0.9]]).expand(b.shape).clone()
+    stub = SimpleNamespace(cfg=cfg, critic=lambda ids, mask, pos: out, _value_positions="turn")
+    _, v, after = Learner._values(stub, b)  # type: ignore[arg-type]
+    gae_stub = SimpleNamespace(
+        cfg=cfg, adv_fn=get_advantage(cfg.advantage_estimator), adv_traits=advantage_traits(cfg.advantage_estimator)
+    )
+    adv, _ = Learner._gae(gae_stub, b, v, after)  # type: ignore[arg-type]
+    for row, reward in enumerate((1.0, 0.0)):
+        for tok, start_value in ((2, 0.0), (3, 0.0), (5, 1.0), (6, 1.0)):  # -0.3 -> 0, 1.4 -> 1
+            assert adv[row, tok].item() == pytest.approx(reward - start_value)
+    assert (adv[1][b.action_mask[1]] <= 0).all() and (adv[0][b.action_mask[0]] >= 0).all()
+    assert v[~b.response_mask].eq(0).all()  # the prompt's zeros are not clamped into the range
+    plain = load_config(CONFIGS / "toy.yaml", sets[:3])
+    unclamped = SimpleNamespace(cfg=plain, critic=stub.critic, _value_positions="turn")
+    assert Learner._values(unclamped, b)[1][1, 2].item() == pytest.approx(-0.3)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("bad", ["[1, 0]", "[0]", "[0, .inf]"])
+def test_a_value_range_that_is_not_low_high_names_the_field_and_the_fix(bad: str) -> None:
+    with pytest.raises(ConfigError, match=r"critic.value_range: .* not \[low, high\].*\[0, 1\] for 0/1 rewards"):
+        load_config(CONFIGS / "toy.yaml", [f"critic.value_range={bad}"])
 
 
 def test_the_learner_trains_the_critic_at_turn_positions_only() -> None:
