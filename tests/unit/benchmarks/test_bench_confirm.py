@@ -281,16 +281,20 @@ def test_levels_comparison_has_the_four_arms_from_one_sft_checkpoint_and_probes_
     monkeypatch.chdir(ROOT)
     cc = ConfirmConfig(out=tmp_path / "c", config=ROOT / "configs" / "bench" / "confirm_levels.yaml")
     shared, arms = build_configs(cc)
-    assert list(arms) == ["sao", "running_mean", "grpo", "grpo_dis", "sao_lambda", "sao_turn"]
+    assert list(arms) == ["sao", "running_mean", "grpo", "grpo_dis", "sao_lambda", "sao_turn", "sao_turn_clamped"]
     assert shared["env"]["tasks"].startswith("arithmetic_chain")
     for name, cfg in arms.items():
-        assert cfg["trainer"]["algorithm"] == name.removesuffix("_lambda").removesuffix("_turn")
+        assert cfg["trainer"]["algorithm"] == name.split("_turn")[0].removesuffix("_lambda")
         assert cfg["eval"]["critic_probe"] is name.startswith("sao")
         # only the sao_lambda arm credits turns by the critic's values (lambda < 1); the rest keep the job's 1
         assert cfg["trainer"].get("length_adaptive_lambda", False) is (name == "sao_lambda")
-        # only the sao_turn arm reads its critic at turn starts; the rest at every token
-        assert cfg.get("critic", {}).get("value_positions", "token") == ("turn" if name == "sao_turn" else "token")
-        assert cfg.get("critic", {}).get("train_backbone", True) is (name != "sao_turn")
+        # only the sao_turn arms read a head-only critic at turn starts; the rest every token of a trained critic
+        turn = name.startswith("sao_turn")
+        critic = cfg.get("critic", {})
+        assert critic.get("value_positions", "token") == ("turn" if turn else "token")
+        assert critic.get("train_backbone", True) is not turn
+        # and only the clamped one bounds its values to the 0/1 returns
+        assert critic.get("value_range") == ([0, 1] if name == "sao_turn_clamped" else None)
         assert cfg["run"]["total_steps"] * cfg["trainer"]["batch_size"] == 64
         assert {k: v for k, v in cfg["eval"].items() if k != "critic_probe"} == {
             k: v for k, v in shared["eval"].items() if k != "critic_probe"
