@@ -127,6 +127,10 @@ class Learner:
         self.token_rows: list[RowTokens] = []
         self._token_sample = t.token_records if dist_utils.rank() == 0 else 0
         self._token_rng = random.Random(cfg.run.seed)
+        # a head-only critic (critic.train_backbone: false): the frozen backbone's features of each micro batch,
+        # read once per step and reused by the K critic steps (the same numbers: nothing under them trains)
+        self._head_only = self.critic is not None and not c.train_backbone
+        self._features: list[torch.Tensor | None] = []
 
     # -- forward helpers -------------------------------------------------------------------------------------
     def _logp(self, b: Batch, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -145,11 +149,23 @@ class Learner:
             entropy_grad=self.cfg.trainer.entropy_coef > 0, chunk_tokens=LOGPROB_CHUNK_TOKENS, positions=b.action_mask,
         )  # fmt: skip
 
-    def _values(self, b: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(the critic's output ``[B, T]``, with its graph where grad is on; the shifted values on the response
-        tokens, 0 elsewhere, detached; ``value_after`` ``[B]``)."""
+    def _critic_out(self, b: Batch, slot: int | None = None) -> torch.Tensor:
+        """The critic's output on micro batch ``b``; a head-only critic keeps the features of micro batch ``slot``
+        (``_features``) and reads them again instead of running its frozen backbone."""
         assert self.critic is not None
-        raw = self.critic(b.input_ids, b.attention_mask, b.position_ids)
+        if not self._head_only or slot is None:
+            out: torch.Tensor = self.critic(b.input_ids, b.attention_mask, b.position_ids)
+            return out
+        raw: torch.Tensor
+        raw, self._features[slot] = self.critic(
+            b.input_ids, b.attention_mask, b.position_ids, features=self._features[slot], return_features=True
+        )
+        return raw
+
+    def _values(self, b: Batch, slot: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(the critic's output ``[B, T]``, with its graph where grad is on; the shifted values on the response
+        tokens, 0 elsewhere, detached; ``value_after`` ``[B]``). ``slot``: the micro batch's index (``_critic_out``)."""
+        raw = self._critic_out(b, slot)
         rng = self.cfg.critic.value_range
         v = torch.where(b.response_mask, shifted_values(raw.detach()), 0.0)
         v = values_as_read(v, b, self._value_positions, rng)
@@ -176,6 +192,7 @@ class Learner:
         rows = micro_batch_rows(full, self.cfg.deepspeed)
         probe = TokenProbe.sample(rows, self._token_sample, self._token_rng)
         self.token_rows = []
+        self._features = [None] * len(micro)
         fused = self._values_with_critic_step(full, micro, bad, m)
         if fused is not None:
             adv, first = fused
@@ -224,7 +241,7 @@ class Learner:
         if not self.adv_traits.needs_values:
             return _Values([], [])
         with torch.no_grad():
-            outs = [self._values(b) for b in micro]
+            outs = [self._values(b, i) for i, b in enumerate(micro)]
         values, afters = [v for _, v, _ in outs], [a for _, _, a in outs]
         bad = sum(
             float((b.response_mask & ~torch.isfinite(v)).sum()) + float((~torch.isfinite(a)).sum())
@@ -259,7 +276,7 @@ class Learner:
         skipped0 = int(getattr(eng, "skipped_steps", 0))
         for i, (b, mask) in enumerate(zip(micro, masks, strict=True)):
             mark_boundary(eng, i, n)
-            raw, v, after = self._values(b)
+            raw, v, after = self._values(b, i)
             bad += float((b.response_mask & ~torch.isfinite(v)).sum()) + float((~torch.isfinite(after)).sum())
             values.append(v)
             afters.append(after)
@@ -483,8 +500,9 @@ class Learner:
                 total, norm, was_skipped = first
             else:
                 total, norm, was_skipped = critic_step(
-                    self.critic, micro, adv.value_masks, adv.returns, adv.old_values, self.cfg.critic.value_clip, scale
-                )
+                    self.critic, micro, adv.value_masks, adv.returns, adv.old_values, self.cfg.critic.value_clip, scale,
+                    features=self._features if self._head_only else None,
+                )  # fmt: skip
             losses.append(total)
             skipped += int(was_skipped)
         red = dist_utils.all_reduce_sum(losses)
@@ -536,16 +554,23 @@ def critic_step(
     clip: float | None,
     scale: float,
     seen: list[torch.Tensor] | None = None,
+    features: list[torch.Tensor | None] | None = None,
 ) -> tuple[float, float, bool]:
     """One critic optimizer step over the micro batches (value loss on ``masks``); returns ``(sum of token losses,
     grad norm, skipped)``. ``old_values`` (the values before the K steps) anchor the value clip; None: no clip.
-    ``seen`` collects the (pre-step) values of each micro batch."""
+    ``seen`` collects the (pre-step) values of each micro batch. ``features``: per micro batch, a head-only critic's
+    frozen features where already read (``ValueModel.forward``), else None."""
     total = 0.0
     gn0: float | None = None
     skipped0 = int(getattr(engine, "skipped_steps", 0))
     for i, (b, mask, ret) in enumerate(zip(micro, masks, returns, strict=True)):
         mark_boundary(engine, i, len(micro))
-        values = shifted_values(engine(b.input_ids, b.attention_mask, b.position_ids))
+        cached = None if features is None else features[i]
+        if cached is None:
+            out = engine(b.input_ids, b.attention_mask, b.position_ids)
+        else:
+            out = engine(b.input_ids, b.attention_mask, b.position_ids, features=cached)
+        values = shifted_values(out)
         if seen is not None:
             seen.append(values.detach())
         total += _critic_backward(engine, values, mask, None if old_values is None else old_values[i], ret, clip, scale)

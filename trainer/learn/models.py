@@ -97,14 +97,23 @@ class ValueModel(nn.Module):
         return self.backbone.config
 
     def forward(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor | None = None
-    ) -> torch.Tensor:
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor | None = None,
+        features: torch.Tensor | None = None,
+        return_features: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """The values ``[B, T]``; with ``return_features`` also the (detached) ``features`` the head read.
+        ``features``: the head reads these instead of running the backbone, for a frozen backbone
+        (``critic.train_backbone: false``), whose features of a batch are the same at every critic step."""
         # The head runs in float32 whatever its storage: DeepSpeed's bf16 mode casts every parameter (this head
         # too) to bfloat16 in deepspeed.initialize, and a bf16 output would round values to ~3 digits, losing the
         # small differences GAE depends on. (Its master weights stay float32 in DeepSpeed's optimizer.)
         w, b = self.value_head.weight, self.value_head.bias
-        feats = self.features(input_ids, attention_mask, position_ids)
-        return torch.nn.functional.linear(feats, w.float(), b.float()).squeeze(-1)
+        feats = self.features(input_ids, attention_mask, position_ids) if features is None else features
+        values = torch.nn.functional.linear(feats, w.float(), b.float()).squeeze(-1)
+        return (values, feats.detach()) if return_features else values
 
     def features(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor | None = None

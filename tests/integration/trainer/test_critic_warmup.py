@@ -130,3 +130,46 @@ def test_a_head_only_turn_critic_steps_through_the_learner(deepspeed_env: dict[s
     learner.train_step(synthetic_trajectories(actor, 4))
     assert all(torch.equal(backbone0[k], v) for k, v in critic.backbone.state_dict().items())
     assert not torch.equal(head0, critic.value_head.weight.detach())
+
+
+def test_a_head_only_critic_reads_its_frozen_features_once_a_step_and_steps_the_same(
+    deepspeed_env: dict[str, str],
+) -> None:
+    # K critic steps on a frozen backbone: the backbone runs once per micro batch per step (the values' forward),
+    # the other K - 1 steps read the features it kept, and the head lands on the same weights as when every step
+    # runs the backbone again (which is what `_head_only = False` makes the learner do)
+    import copy
+
+    from sao.trainer import distributed
+    from sao.trainer.config import config_from_dict
+    from sao.trainer.learn.learner import Learner
+    from sao.trainer.learn.models import load_actor, load_critic
+    from tests.integration.trainer._helpers import synthetic_trajectories
+
+    distributed.init_distributed()
+    cfg = config_from_dict(
+        {
+            "model": {"path": "tiny:llama"},
+            "critic": {"train_backbone": False, "lr": 1e-2},
+            "trainer": {"batch_size": 4, "critic_updates_per_step": 3},
+            "deepspeed": {"micro_batch_size": 2},
+        }
+    )
+    actor = load_actor(cfg)
+    critic = load_critic(cfg, actor)
+    trajs = synthetic_trajectories(actor, 4)
+    heads, calls = [], []
+    for cache in (True, False):
+        a, c = copy.deepcopy(actor), copy.deepcopy(critic)
+        n = [0]
+        c.backbone.register_forward_hook(lambda *_, n=n: n.__setitem__(0, n[0] + 1))
+        learner = Learner(cfg, a, c, pad_token_id=0)
+        learner._head_only = cache
+        learner.train_step(trajs)
+        heads.append(c.value_head.weight.detach().clone())
+        calls.append(n[0])
+    micro = len(learner._features)
+    assert micro == 2
+    assert calls == [micro, 3 * micro]  # K = 3: one backbone forward a micro batch, against three
+    assert torch.equal(heads[0], heads[1])
+    assert not torch.equal(heads[0], critic.value_head.weight.detach())  # the head did step

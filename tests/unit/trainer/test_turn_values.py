@@ -64,7 +64,7 @@ def test_lambda_one_credits_each_turn_against_its_start() -> None:
     # the learner's own path: `_values` broadcasts, `_gae` runs the run's estimator on it
     cfg = load_config(CONFIGS / "toy.yaml", ["trainer.gamma=1.0", "trainer.lam=1.0", "critic.value_positions=turn"])
     b = _batch((1.0, 0.0))
-    stub = SimpleNamespace(cfg=cfg, critic=lambda ids, mask, pos: raw_critic(b), _value_positions="turn")
+    stub = SimpleNamespace(cfg=cfg, _critic_out=lambda b, slot=None: raw_critic(b), _value_positions="turn")
     _, v, after = Learner._values(stub, b)  # type: ignore[arg-type]
     gae_stub = SimpleNamespace(
         cfg=cfg, adv_fn=get_advantage(cfg.advantage_estimator), adv_traits=advantage_traits(cfg.advantage_estimator)
@@ -84,7 +84,7 @@ def test_a_value_range_clamps_what_the_advantages_read_so_no_failed_turn_is_cred
     cfg = load_config(CONFIGS / "toy.yaml", sets)
     b = _batch((1.0, 0.0))
     out = torch.tensor([[-0.3, -0.3, -0.3, -0.3, 1.4, 0.2, 0.2, 0.9, 0.9]]).expand(b.shape).clone()
-    stub = SimpleNamespace(cfg=cfg, critic=lambda ids, mask, pos: out, _value_positions="turn")
+    stub = SimpleNamespace(cfg=cfg, _critic_out=lambda b, slot=None: out, _value_positions="turn")
     _, v, after = Learner._values(stub, b)  # type: ignore[arg-type]
     gae_stub = SimpleNamespace(
         cfg=cfg, adv_fn=get_advantage(cfg.advantage_estimator), adv_traits=advantage_traits(cfg.advantage_estimator)
@@ -96,7 +96,7 @@ def test_a_value_range_clamps_what_the_advantages_read_so_no_failed_turn_is_cred
     assert (adv[1][b.action_mask[1]] <= 0).all() and (adv[0][b.action_mask[0]] >= 0).all()
     assert v[~b.response_mask].eq(0).all()  # the prompt's zeros are not clamped into the range
     plain = load_config(CONFIGS / "toy.yaml", sets[:3])
-    unclamped = SimpleNamespace(cfg=plain, critic=stub.critic, _value_positions="turn")
+    unclamped = SimpleNamespace(cfg=plain, _critic_out=stub._critic_out, _value_positions="turn")
     assert Learner._values(unclamped, b)[1][1, 2].item() == pytest.approx(-0.3)  # type: ignore[arg-type]
 
 
