@@ -231,7 +231,7 @@ def test_a_nonfinite_gradient_skips_the_step_and_the_run_goes_on(
 def test_nonfinite_critic_values_skip_the_whole_step(deepspeed_env: dict[str, str]) -> None:
     learner, trajs = _learner("sao", kind="llama")
     values = learner._values
-    learner._values = lambda b: tuple(x * float("nan") for x in values(b))
+    learner._values = lambda b, slot=None: tuple(x * float("nan") for x in values(b, slot))
     a0, c0 = _snapshot(learner.actor.module), _snapshot(learner.critic.module)
     counts = _count_optimizer_steps(learner)
     skipped0 = learner.critic.skipped_steps
