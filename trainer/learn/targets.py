@@ -30,10 +30,13 @@ def value_after(raw_values: torch.Tensor, b: Batch, value_range: Sequence[float]
     given); 0 on every other row. ``raw_values``: ``[B, T]`` critic outputs before ``shifted_values`` (the shifted
     tensor has no column for the state after the last token)."""
     last = (b.attention_mask.sum(dim=1) - 1).clamp(min=0).to(raw_values.device)
-    v = raw_values.detach().gather(1, last[:, None]).squeeze(1)
-    if value_range is not None:
-        v = v.clamp(value_range[0], value_range[1])
+    v = in_range(raw_values.detach().gather(1, last[:, None]).squeeze(1), value_range)
     return torch.where(b.bootstrap.to(v.device), v, torch.zeros_like(v))
+
+
+def in_range(values: torch.Tensor, value_range: Sequence[float] | None) -> torch.Tensor:
+    """``values`` clamped to ``value_range`` (``critic.value_range``: the returns' range); as they are where None."""
+    return values if value_range is None else values.clamp(value_range[0], value_range[1])
 
 
 def after_action(b: Batch) -> torch.Tensor:
@@ -89,9 +92,7 @@ def values_as_read(
     each action token at its turn start's (``turn``, ``turn_values``); on the response tokens clamped to
     ``value_range`` (``critic.value_range``) where given, the rest left as it is."""
     v = turn_values(values, b) if positions == "turn" else values
-    if value_range is None:
-        return v
-    return torch.where(b.response_mask.to(v.device), v.clamp(value_range[0], value_range[1]), v)
+    return v if value_range is None else torch.where(b.response_mask.to(v.device), in_range(v, value_range), v)
 
 
 def critic_returns(b: Batch, returns: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
