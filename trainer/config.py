@@ -192,6 +192,11 @@ class TrainerConfig:
     policy gradient (proportional to 1 - p) cannot return (`sao bench stability`, docs/benchmarks.md)."""
     running_mean_momentum: float = 0.9
     """running_mean: EMA momentum of the reward baseline."""
+    baseline_key: str = ""
+    """running_mean: keep one running mean per value of this field of each episode's info (e.g. ``level``: a
+    baseline that knows each episode's difficulty exactly, the most any critic reading the prompt could know of it),
+    scoring an episode against its key's mean (the mean over all episodes until its key has one); empty: one mean
+    for all episodes."""
     token_records: int = 0
     """Per-token records of what each step did (``RUN_DIR/token_records.jsonl``, read by `sao view`): for this many
     episodes of each batch (a seeded sample of rank 0's rows), per action token the engine's logprob, the new
@@ -579,6 +584,11 @@ class Config:
                 "staleness_policy=wait no episode could be started that is sure to be trained in time (the engine "
                 "may hold weights sync_every versions old); raise trainer.max_staleness or set "
                 "trainer.staleness_policy=drop"
+            )
+        if t.baseline_key and not traits.needs_baseline:
+            raise ConfigError(
+                f"trainer.baseline_key {t.baseline_key!r} keys a running-mean baseline, but trainer.advantage {est!r} "
+                "keeps none; use trainer.algorithm=running_mean or clear trainer.baseline_key"
             )
         if traits.needs_values and not spec.critic:
             raise ConfigError(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -281,6 +282,10 @@ class RunningMeanBaseline:
     ``decay=None`` keeps the exact mean of every reward seen; ``decay in (0, 1)`` an exponential moving average.
     Before any update the baseline is the mean of the batch being scored. Call ``advantage`` then ``update``
     (the registry entry ``running_mean`` does both); ``state_dict``/``load_state_dict`` make it resumable.
+
+    ``keys`` (one per reward, e.g. each episode's level: ``trainer.baseline_key``) keep one mean per key as well:
+    a reward is then scored against its key's mean, or the mean over all keys while its key has none yet. The mean
+    over all keys (``mean``) is kept either way.
     """
 
     def __init__(self, decay: float | None = None) -> None:
@@ -289,31 +294,48 @@ class RunningMeanBaseline:
         self.decay = decay
         self.mean = 0.0
         self.count = 0
+        self.by_key: dict[str, list[float]] = {}  # key -> [mean, count]
 
-    def advantage(self, rewards: torch.Tensor) -> torch.Tensor:
+    def advantage(self, rewards: torch.Tensor, keys: Sequence[str] | None = None) -> torch.Tensor:
         """``[B]`` outcome rewards -> ``[B]`` advantages against the current baseline (no state change)."""
         base = self.mean if self.count > 0 else (float(rewards.double().mean()) if rewards.numel() else 0.0)
-        return rewards.to(torch.promote_types(rewards.dtype, torch.float32)) - base
+        out = rewards.to(torch.promote_types(rewards.dtype, torch.float32))
+        if keys is None:
+            return out - base
+        _same_length(rewards, keys)
+        per_row = [self.by_key[k][0] if k in self.by_key else base for k in keys]
+        return out - torch.tensor(per_row, dtype=out.dtype, device=out.device)
 
-    def update(self, rewards: torch.Tensor) -> None:
+    def update(self, rewards: torch.Tensor, keys: Sequence[str] | None = None) -> None:
         vals = rewards.detach().double().flatten().tolist()
-        for x in vals:
+        if keys is not None:
+            _same_length(rewards, keys)
+        for i, x in enumerate(vals):
             if not math.isfinite(x):
                 raise ValueError(f"RunningMeanBaseline.update got a non-finite reward {x!r}")
-            if self.decay is None or self.count == 0:
-                self.count += 1
-                self.mean += (x - self.mean) / self.count
-            else:
-                self.count += 1
-                self.mean = self.decay * self.mean + (1.0 - self.decay) * x
+            self.mean, self.count = self._step(self.mean, self.count, x)
+            if keys is not None:
+                mean, count = self.by_key.get(keys[i], [0.0, 0])
+                self.by_key[keys[i]] = list(self._step(mean, int(count), x))
+
+    def _step(self, mean: float, count: int, x: float) -> tuple[float, int]:
+        if self.decay is None or count == 0:
+            return mean + (x - mean) / (count + 1), count + 1
+        return self.decay * mean + (1.0 - self.decay) * x, count + 1
 
     def state_dict(self) -> dict[str, Any]:
-        return {"decay": self.decay, "mean": self.mean, "count": self.count}
+        return {"decay": self.decay, "mean": self.mean, "count": self.count, "by_key": dict(self.by_key)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.decay = state["decay"]
         self.mean = float(state["mean"])
         self.count = int(state["count"])
+        self.by_key = {str(k): [float(m), int(c)] for k, (m, c) in state.get("by_key", {}).items()}
+
+
+def _same_length(rewards: torch.Tensor, keys: Sequence[str]) -> None:
+    if len(keys) != rewards.numel():
+        raise ValueError(f"RunningMeanBaseline: {len(keys)} keys for {rewards.numel()} rewards; pass one key a reward")
 
 
 def _outcome(inputs: AdvantageInputs) -> torch.Tensor:
@@ -406,8 +428,9 @@ def _running_mean_entry(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Te
         raise ValueError("advantage estimator 'running_mean' needs baseline=RunningMeanBaseline() in AdvantageInputs")
     outcome = _outcome(inputs)
     rows, inverse = _episodes(inputs)
-    adv = inputs.baseline.advantage(outcome[rows])
-    inputs.baseline.update(outcome[rows])
+    keys = None if inputs.baseline_keys is None else [inputs.baseline_keys[r] for r in rows.tolist()]
+    adv = inputs.baseline.advantage(outcome[rows], keys)
+    inputs.baseline.update(outcome[rows], keys)
     return _broadcast(adv[inverse], outcome, inputs.action_mask)
 
 

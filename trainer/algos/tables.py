@@ -30,8 +30,9 @@ class AdvantageInputs:
     ``response_mask``: 1 on every non-prompt token (``gae`` runs over it; defaults to ``action_mask``);
     ``group_ids``: ``[B]`` prompt group of each row (``grpo``); ``episode_ids``: ``[B]`` episode of each row (the rows
     of an episode share its outcome; ``grpo`` and ``running_mean`` count each episode once; None: one row each);
-    ``baseline``: the trainer's running-mean state
-    (``running_mean``, which reads and then updates it); ``bootstrap_values``: ``[B]``, V of the state after each
+    ``baseline``: the trainer's running-mean state (``running_mean``, which reads and then updates it);
+    ``baseline_keys``: ``[B]`` the key of each row's running mean (``trainer.baseline_key``, e.g. the episode's level;
+    None: one mean for all rows); ``bootstrap_values``: ``[B]``, V of the state after each
     row's last token where the episode's return is incomplete (a cut nothing graded: ``Trajectory.bootstraps``)
     and 0 where it is complete; estimators with a critic take it as V after the row's last token (None: 0 for all).
     """
@@ -43,6 +44,7 @@ class AdvantageInputs:
     group_ids: torch.Tensor | None = None
     episode_ids: torch.Tensor | None = None
     baseline: RunningMeanBaseline | None = None
+    baseline_keys: tuple[str, ...] | None = None
     bootstrap_values: torch.Tensor | None = None
     gamma: float = 1.0
     lam: float = 1.0

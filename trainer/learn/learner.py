@@ -131,6 +131,8 @@ class Learner:
         # read once per step and reused by the K critic steps (the same numbers: nothing under them trains)
         self._head_only = self.critic is not None and not c.train_backbone
         self._features: list[torch.Tensor | None] = []
+        # trainer.baseline_key: the key of each row's running mean (set per batch by train_step; None: one mean)
+        self._row_keys: tuple[str, ...] | None = None
 
     # -- forward helpers -------------------------------------------------------------------------------------
     def _logp(self, b: Batch, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -184,6 +186,7 @@ class Learner:
         ``policy=False``: a critic warm-up batch (``trainer.critic_warmup_steps``): the K critic steps only.
         ``episodes``: the episode of each row (``Train.episodes``; None: a row each)."""
         full, bad = self._collate(trajs, episodes)
+        self._row_keys = baseline_keys(trajs, self.cfg.trainer.baseline_key) if self.adv_traits.needs_baseline else None
         m: dict[str, float] = {
             "nonfinite_rewards": float(len(bad)),
             "uniform_reward_batch": float(_uniform_rewards(full, bad)),
@@ -334,6 +337,7 @@ class Learner:
                     group_ids=sub.group_ids if self.adv_traits.needs_groups else None,
                     episode_ids=sub.episode_ids,
                     baseline=self.baseline if self.adv_traits.needs_baseline else None,
+                    baseline_keys=None if self._row_keys is None else tuple(self._row_keys[i] for i in keep),
                     gamma=t.gamma,
                     lam=t.lam,
                 )
@@ -623,6 +627,21 @@ def _uniform_rewards(full: Batch, bad: list[int]) -> bool:
     keep = [i for i in range(full.shape[0]) if i not in set(bad)]
     totals = full.rewards[keep].double().sum(-1) if keep else full.rewards.new_zeros(0)
     return bool(totals.numel() == 0 or float(totals.max() - totals.min()) == 0.0)
+
+
+def baseline_keys(trajs: list[Trajectory], field: str) -> tuple[str, ...] | None:
+    """The running-mean key of each row (``trainer.baseline_key``): the episode info's ``field``, as text; None
+    where no field is set. An episode without it is an error that names the field and the fix."""
+    if not field:
+        return None
+    missing = [tr.task_id for tr in trajs if field not in tr.info]
+    if missing:
+        raise ConfigError(
+            f"trainer.baseline_key {field!r}: episode info has no {field!r} (tasks {missing[:3]}); key the running "
+            "mean by a field the env writes into every episode's info (the arithmetic_chain tasks write 'level') "
+            "or clear trainer.baseline_key"
+        )
+    return tuple(str(tr.info[field]) for tr in trajs)
 
 
 def _finite_reward(tr: Trajectory) -> bool:

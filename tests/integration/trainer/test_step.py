@@ -251,3 +251,20 @@ def test_a_batch_with_nothing_trainable_takes_no_optimizer_step(deepspeed_env: d
     assert m["nonfinite_rewards"] == 4 and m["trained_tokens"] == 0
     assert m["skipped_steps"] == 1 and m["critic_skipped_steps"] == learner.cfg.trainer.critic_updates_per_step
     assert counts == {"actor": 0, "critic": 0} and not _changed(a0, learner.actor.module)
+
+
+def test_a_keyed_running_mean_scores_each_episode_against_its_level(deepspeed_env: dict[str, str]) -> None:
+    import dataclasses
+
+    # trainer.baseline_key: episodes 0-1 are level 1, 2-3 level 2 (rewards 0, 1, 0, 1); after one step each level
+    # holds its own mean; a batch all of level 1 moves level 1's alone; an episode without a level is refused
+    learner, trajs = _learner("running_mean", kind="llama", baseline_key="level", running_mean_momentum=0.0)
+    trajs = [dataclasses.replace(t, info={**t.info, "level": 1 + i // 2}) for i, t in enumerate(trajs)]
+    learner.train_step(trajs)
+    assert learner.baseline.by_key == {"1": [pytest.approx(0.5), 2], "2": [pytest.approx(0.5), 2]}
+    solved = [dataclasses.replace(t, info={**t.info, "level": 1}) for t in trajs]
+    m = learner.train_step(solved)
+    assert learner.baseline.by_key["1"][1] == 6 and learner.baseline.by_key["2"][1] == 2
+    assert m["trained_tokens"] == 4 * 6
+    with pytest.raises(Exception, match="no 'level'"):
+        learner.train_step([dataclasses.replace(t, info={}) for t in trajs])

@@ -281,10 +281,14 @@ def test_levels_comparison_has_the_four_arms_from_one_sft_checkpoint_and_probes_
     monkeypatch.chdir(ROOT)
     cc = ConfirmConfig(out=tmp_path / "c", config=ROOT / "configs" / "bench" / "confirm_levels.yaml")
     shared, arms = build_configs(cc)
-    assert list(arms) == ["sao", "running_mean", "grpo", "grpo_dis", "sao_lambda", "sao_turn", "sao_turn_clamped"]
+    assert list(arms) == [
+        "sao", "running_mean", "running_mean_by_level", "grpo", "grpo_dis", "sao_lambda", "sao_turn", "sao_turn_clamped"
+    ]  # fmt: skip
     assert shared["env"]["tasks"].startswith("arithmetic_chain")
     for name, cfg in arms.items():
-        assert cfg["trainer"]["algorithm"] == name.split("_turn")[0].removesuffix("_lambda")
+        assert cfg["trainer"]["algorithm"] == name.split("_turn")[0].removesuffix("_lambda").removesuffix("_by_level")
+        # only the by-level running mean keys its baseline, by the level every chain episode's info carries
+        assert cfg["trainer"].get("baseline_key", "") == ("level" if name == "running_mean_by_level" else "")
         assert cfg["eval"]["critic_probe"] is name.startswith("sao")
         # only the sao_lambda arm credits turns by the critic's values (lambda < 1); the rest keep the job's 1
         assert cfg["trainer"].get("length_adaptive_lambda", False) is (name == "sao_lambda")
