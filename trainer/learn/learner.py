@@ -631,17 +631,18 @@ def _uniform_rewards(full: Batch, bad: list[int]) -> bool:
 
 def baseline_keys(trajs: list[Trajectory], field: str) -> tuple[str, ...] | None:
     """The running-mean key of each row (``trainer.baseline_key``): the episode info's ``field``, as text; None
-    where no field is set. An episode without it is an error that names the field and the fix."""
+    where no field is set. An episode without it is an error that names the field and the fix (one without a
+    finite reward, which no baseline reads, gets an empty key)."""
     if not field:
         return None
-    missing = [tr.task_id for tr in trajs if field not in tr.info]
+    missing = [tr.task_id for tr in trajs if field not in tr.info and _finite_reward(tr)]
     if missing:
         raise ConfigError(
             f"trainer.baseline_key {field!r}: episode info has no {field!r} (tasks {missing[:3]}); key the running "
             "mean by a field the env writes into every episode's info (the arithmetic_chain tasks write 'level') "
             "or clear trainer.baseline_key"
         )
-    return tuple(str(tr.info[field]) for tr in trajs)
+    return tuple(str(tr.info.get(field, "")) for tr in trajs)
 
 
 def _finite_reward(tr: Trajectory) -> bool:

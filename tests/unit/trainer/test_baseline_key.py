@@ -3,6 +3,8 @@ state-aware baseline without a critic that the critic's job measures SAO against
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -64,6 +66,8 @@ def test_the_running_mean_entry_keys_each_episode_once() -> None:
 def test_an_episode_without_the_key_names_the_field_and_the_fix() -> None:
     assert baseline_keys([_episode(1.0, 2)], "") is None
     assert baseline_keys([_episode(1.0, 2)], "level") == ("2",)
+    unscored = dataclasses.replace(_episode(0.0, None), reward=float("nan"))  # no baseline reads it: no key needed
+    assert baseline_keys([_episode(1.0, 2), unscored], "level") == ("2", "")
     with pytest.raises(ConfigError, match=r"no 'level'.*clear trainer.baseline_key"):
         baseline_keys([_episode(1.0, 2), _episode(0.0, None)], "level")
 
