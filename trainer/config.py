@@ -196,7 +196,8 @@ class TrainerConfig:
     """running_mean: keep one running mean per value of this field of each episode's info (e.g. ``level``: a
     baseline that knows each episode's difficulty exactly, the most any critic reading the prompt could know of it),
     scoring an episode against its key's mean (the mean over all episodes until its key has one); empty: one mean
-    for all episodes."""
+    for all episodes. Key by a field the env sets from the task (the level), never one the policy's actions write:
+    the policy would pick the baseline it is scored against."""
     token_records: int = 0
     """Per-token records of what each step did (``RUN_DIR/token_records.jsonl``, read by `sao view`): for this many
     episodes of each batch (a seeded sample of rank 0's rows), per action token the engine's logprob, the new

@@ -294,7 +294,7 @@ class RunningMeanBaseline:
         self.decay = decay
         self.mean = 0.0
         self.count = 0
-        self.by_key: dict[str, list[float]] = {}  # key -> [mean, count]
+        self.by_key: dict[str, tuple[float, int]] = {}  # key -> (mean, count)
 
     def advantage(self, rewards: torch.Tensor, keys: Sequence[str] | None = None) -> torch.Tensor:
         """``[B]`` outcome rewards -> ``[B]`` advantages against the current baseline (no state change)."""
@@ -315,8 +315,7 @@ class RunningMeanBaseline:
                 raise ValueError(f"RunningMeanBaseline.update got a non-finite reward {x!r}")
             self.mean, self.count = self._step(self.mean, self.count, x)
             if keys is not None:
-                mean, count = self.by_key.get(keys[i], [0.0, 0])
-                self.by_key[keys[i]] = list(self._step(mean, int(count), x))
+                self.by_key[keys[i]] = self._step(*self.by_key.get(keys[i], (0.0, 0)), x)
 
     def _step(self, mean: float, count: int, x: float) -> tuple[float, int]:
         if self.decay is None or count == 0:
@@ -330,7 +329,7 @@ class RunningMeanBaseline:
         self.decay = state["decay"]
         self.mean = float(state["mean"])
         self.count = int(state["count"])
-        self.by_key = {str(k): [float(m), int(c)] for k, (m, c) in state.get("by_key", {}).items()}
+        self.by_key = {str(k): (float(m), int(c)) for k, (m, c) in state.get("by_key", {}).items()}
 
 
 def _same_length(rewards: torch.Tensor, keys: Sequence[str]) -> None:

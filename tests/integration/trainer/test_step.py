@@ -261,7 +261,7 @@ def test_a_keyed_running_mean_scores_each_episode_against_its_level(deepspeed_en
     learner, trajs = _learner("running_mean", kind="llama", baseline_key="level", running_mean_momentum=0.0)
     trajs = [dataclasses.replace(t, info={**t.info, "level": 1 + i // 2}) for i, t in enumerate(trajs)]
     learner.train_step(trajs)
-    assert learner.baseline.by_key == {"1": [pytest.approx(0.5), 2], "2": [pytest.approx(0.5), 2]}
+    assert learner.baseline.by_key == {"1": (pytest.approx(0.5), 2), "2": (pytest.approx(0.5), 2)}
     solved = [dataclasses.replace(t, info={**t.info, "level": 1}) for t in trajs]
     m = learner.train_step(solved)
     assert learner.baseline.by_key["1"][1] == 6 and learner.baseline.by_key["2"][1] == 2

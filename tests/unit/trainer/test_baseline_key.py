@@ -4,6 +4,7 @@ state-aware baseline without a critic that the critic's job measures SAO against
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 import torch
@@ -25,7 +26,7 @@ def _episode(reward: float, level: int | None) -> Trajectory:
 def test_each_key_is_scored_against_its_own_mean() -> None:
     base = RunningMeanBaseline()
     base.update(torch.tensor([1.0, 1.0, 0.0, 0.0, 0.0]), keys=["1", "1", "4", "4", "4"])
-    assert base.by_key == {"1": [1.0, 2], "4": [0.0, 3]} and base.mean == pytest.approx(0.4)
+    assert base.by_key == {"1": (1.0, 2), "4": (0.0, 3)} and base.mean == pytest.approx(0.4)
     adv = base.advantage(torch.tensor([1.0, 1.0, 1.0]), keys=["1", "4", "2"])
     # level 1 always solved: no credit; level 4 never: full credit; level 2 unseen: the mean over all keys
     assert adv.tolist() == pytest.approx([0.0, 1.0, 0.6])
@@ -35,9 +36,9 @@ def test_each_key_is_scored_against_its_own_mean() -> None:
 def test_keyed_means_decay_and_survive_a_resume() -> None:
     ema = RunningMeanBaseline(decay=0.5)
     ema.update(torch.tensor([1.0, 0.0, 0.0]), keys=["a", "a", "b"])
-    assert ema.by_key["a"] == [pytest.approx(0.5), 2]  # first reward taken whole, the second by the EMA
+    assert ema.by_key["a"] == (pytest.approx(0.5), 2)  # first reward taken whole, the second by the EMA
     clone = RunningMeanBaseline()
-    clone.load_state_dict(ema.state_dict())
+    clone.load_state_dict(json.loads(json.dumps(ema.state_dict())))  # as the run's trainer state stores it
     assert clone.by_key == ema.by_key and clone.mean == ema.mean
     old = RunningMeanBaseline()
     old.load_state_dict({"decay": None, "mean": 0.3, "count": 4})  # a checkpoint written before the keys
@@ -60,7 +61,7 @@ def test_the_running_mean_entry_keys_each_episode_once() -> None:
     )
     adv, _ = get_advantage("running_mean")(inputs)
     assert (adv.sum(dim=1) / 2).tolist() == pytest.approx([1.0, 1.0, -1.0])
-    assert base.by_key["1"] == [pytest.approx(0.5), 2] and base.count == 4  # the two-row episode counted once
+    assert base.by_key["1"] == (pytest.approx(0.5), 2) and base.count == 4  # the two-row episode counted once
 
 
 def test_an_episode_without_the_key_names_the_field_and_the_fix() -> None:
