@@ -343,3 +343,27 @@ def test_level_differences_pair_tasks_within_each_level_and_pool_over_seeds(tmp_
     # level 1: a 0, b (1 + 0) / 2 -> 0.25; level 2: c (0 + 1) / 2, d 1 -> 0.75
     assert sao["by_level"]["1"]["diff"] == pytest.approx(0.25) and sao["by_level"]["2"]["diff"] == pytest.approx(0.75)
     assert sao["between_seed_se"] == pytest.approx(0.0)  # both seeds +0.5
+
+
+def test_the_committed_seed_2_levels_record_pools_with_a_later_seed_and_holds_the_documented_numbers(
+    tmp_path: Path,
+) -> None:
+    """docs/measured/levels_confirm_seed2 keeps the per-task outcomes of seed 2's four arms (docs/results.md) so a
+    later seed can be pooled with it; the current reader must still take it, and its numbers are the docs' ones."""
+    import json
+    import shutil
+
+    from sao.benchmarks.bench_confirm import run_pool
+
+    record = ROOT / "docs" / "measured" / "levels_confirm_seed2"
+    doc = json.loads((record / "confirm.json").read_text())
+    arms = {r["arm"]: r for r in doc["arms"]}
+    assert sorted(arms) == ["grpo", "running_mean", "running_mean_by_level", "sao"]
+    assert all(len(r["solved_by_task_rl"]) == 64 and len(r["level_by_task"]) == 64 for r in arms.values())
+    assert arms["sao"]["paired_diff"] == pytest.approx(0.039, abs=5e-4)
+    assert arms["running_mean"]["paired_diff"] == pytest.approx(0.004, abs=5e-4)
+    again = tmp_path / "again"
+    shutil.copytree(record, again)  # a stand-in for a later seed: the same record, so every pair differs by 0
+    pooled = run_pool([record, again], tmp_path / "pool", echo=lambda _: None)
+    pair = next(b for b in pooled["between_arms"] if (b["first"], b["other"]) == ("sao", "running_mean"))
+    assert pair["pooled_diff"] == pytest.approx(0.035, abs=5e-3) and pair["tasks"] == 64
