@@ -309,7 +309,7 @@ def plot(results: list[dict[str, Any]], path: Path) -> Path:
     ys = [results[0]["success_sft"]] + [r["success_rl"] for r in results]
     errs = [results[0]["success_sft_se"]] + [r["success_rl_se"] for r in results]
     ax.bar(range(len(ys)), ys, yerr=errs, capsize=4, color=["grey"] + [f"C{i}" for i in range(len(results))])
-    # long arm names (running_mean_by_level) overlap when level: slant them
+    # slanted: long arm names (running_mean_by_level) overlap when level
     ax.set_xticks(range(len(ys)), labels, rotation=20, ha="right", fontsize=8)
     ax.set_ylim(0, 1)
     ax.set_title(f"held-out success (n={results[0]['episodes']}, ± SE)")
